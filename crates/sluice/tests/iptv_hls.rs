@@ -1256,3 +1256,64 @@ async fn ended_channels_stay_within_the_total() {
         "{held} bytes held by one channel of {size} with its fMP4, bound {total}"
     );
 }
+
+/// A live channel whose source stopped is shown ended (`#EXT-X-ENDLIST`) to the viewers still
+/// asking, but not for ever: a client polling more often than the channel's idle time
+/// (`linger_ms` plus three target durations) kept the ended playlist as every viewer's answer
+/// even once the group sent again. Ended for longer than that, the next playlist request
+/// starts the channel again, and the playlist is live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_live_channel_polled_all_along_plays_again_when_its_source_does() {
+    require_ffmpeg();
+    let dir = Scratch::new("ended-polled");
+    let source = make_source(&dir.path("source.ts"), 3, 25, None);
+    let mut cfg = hls_config(1);
+    cfg.no_data_timeout_ms = 1500;
+    let gw = Gateway::start(cfg).await;
+    let group = "239.255.41.21";
+    let url = "/hls/rtp/239.255.41.21:5621/index.m3u8?iface=lo";
+    let first = gw.spawn_get(url);
+    wait_joined(group, true).await;
+    send(&Sender::new(group, 5621), &source, 1).await;
+    assert_eq!(first.await.unwrap().status(), 200);
+    // The sender stops: the channel ends.
+    let (ended, text) = ended_playlist(&gw, url).await;
+    assert!(!ended.segments.is_empty(), "{text}");
+    let ended_at = std::time::Instant::now();
+    // The group sends again (live, for 12 s), while a client keeps polling every 500 ms,
+    // well inside the idle time (200 ms + 3 × 1 s).
+    let sending = send_live(group, 5621, source.repeat(4), 12.0);
+    let live = loop {
+        let resp = gw.get(url).await;
+        if resp.status() == 200 {
+            let text = read_text(resp).await;
+            let p = parse_playlist(&text);
+            if !p.ended {
+                break (p, text);
+            }
+        }
+        assert!(
+            ended_at.elapsed() < Duration::from_secs(12),
+            "still ended {} s after the source came back",
+            ended_at.elapsed().as_secs()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let (p, text) = live;
+    // Shown ended for the idle time first (seen ended up to 100 ms after it ended).
+    assert!(
+        ended_at.elapsed() >= Duration::from_millis(3100),
+        "live again after {:?}",
+        ended_at.elapsed()
+    );
+    // New segments, numbered after the ended channel's (its URIs do not name new segments),
+    // after a discontinuity.
+    let last_ended = ended.sequence + ended.segments.len() as u64 - 1;
+    assert!(p.sequence > last_ended, "{text}");
+    assert!(p.segments[0].1, "{text}");
+    let seg = fetch(&gw, "/hls/rtp/239.255.41.21:5621", &p.segments[0].2).await;
+    assert_head(&seg, PMT, VIDEO, &p.segments[0].2);
+    tokio::task::spawn_blocking(move || sending.join().unwrap())
+        .await
+        .unwrap();
+}

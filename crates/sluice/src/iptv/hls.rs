@@ -133,7 +133,7 @@ const MAX_SEGMENT_BYTES: usize = 32 << 20;
 /// all the time gets a segment at each jump, and every playlist request lists them all. 20,000
 /// is 22 hours of 4-second segments (any programme), and a playlist of about 2 MB plus the
 /// query on each line (at most [`MAX_QUERY_BYTES`]).
-const CATCHUP_MAX_SEGMENTS: usize = 20_000;
+pub(super) const CATCHUP_MAX_SEGMENTS: usize = 20_000;
 
 /// Longest query an HLS request may carry once the player's directives are taken out: it is
 /// written on every segment line (a channel's options and a token take a few hundred bytes).
@@ -146,6 +146,20 @@ struct Failure {
     reason: String,
 }
 
+/// When a request for an ended channel starts it again rather than showing it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Restart {
+    /// Never: a segment request is answered from the ended channel's last segments.
+    Never,
+    /// A playlist request: a live channel (not a catch-up session) ended longer ago than it
+    /// would have stayed without a request (`linger_ms` plus three target durations) starts
+    /// again. Polled more often than that, an ended channel was shown ended to every viewer
+    /// for as long as anyone polled, even once its source sent again.
+    Stale,
+    /// At once (the timeshift supervisor).
+    Ended,
+}
+
 /// The segments of one channel, as the playlist shows them.
 #[derive(Debug, Default)]
 struct Window {
@@ -155,6 +169,9 @@ struct Window {
     /// Discontinuities that have left the window.
     discontinuities_gone: u64,
     ended: bool,
+    /// When the channel ended: a live one ended longer ago is started again on a playlist
+    /// request ([`Restart::Stale`]).
+    ended_at: Option<Instant>,
     failure: Option<Failure>,
     /// The first segment follows a break in the timeshift recording (a restarted channel).
     restarted: bool,
@@ -298,6 +315,7 @@ impl Channel {
     fn end(&self, failure: Option<Failure>) {
         let mut w = registry::lock(&self.window);
         w.ended = true;
+        w.ended_at.get_or_insert_with(Instant::now);
         if w.failure.is_none() {
             w.failure = failure;
         }
@@ -413,7 +431,11 @@ impl Iptv {
         if req.method == Method::HEAD && file == File::Playlist {
             return playlist_response(String::new());
         }
-        let channel = match self.hls_channel(key.0, key.1, req, false) {
+        let restart = match file {
+            File::Playlist => Restart::Stale,
+            _ => Restart::Never,
+        };
+        let channel = match self.hls_channel(key.0, key.1, req, restart) {
             Ok(c) => c,
             Err(resp) => return *resp,
         };
@@ -505,7 +527,7 @@ impl Iptv {
         key: HubKey,
         fcc: Option<super::fcc::FccTarget>,
         req: &http::request::Parts,
-        restart: bool,
+        restart: Restart,
     ) -> Result<Arc<Channel>, Box<Response<Body>>> {
         // A catch-up session is private to its viewer; its HLS channel is shared by the
         // requests of that one URL instead, so the table keys it without its private id.
@@ -514,13 +536,26 @@ impl Iptv {
             rtsp.private = 0;
         }
         let mut table = registry::lock(&self.hls.channels);
+        // A channel started again numbers its segments after the ended one's (whose URIs
+        // players may still hold), after a discontinuity.
+        let mut carried = 0;
         if let Some(c) = table.get(&shared) {
             // One that never started is tried again; one that ended is shown ended to its
             // viewers (`#EXT-X-ENDLIST`) until they go, unless the caller restarts it.
             let w = registry::lock(&c.window);
-            if w.failure.is_none() && !(restart && w.ended) {
+            let again = match restart {
+                Restart::Never => false,
+                Restart::Stale => {
+                    c.catchup.is_none()
+                        && w.ended_at
+                            .is_some_and(|at| at.elapsed() >= self.idle_after())
+                }
+                Restart::Ended => w.ended,
+            };
+            if w.failure.is_none() && !again {
                 return Ok(c.clone());
             }
+            carried = w.next;
         }
         let peer = req.extensions.get::<std::net::SocketAddr>().copied();
         let sub = self
@@ -529,8 +564,8 @@ impl Iptv {
             .map_err(|refusal| Box::new(self.refused(refusal)))?;
         let recorder = registry::lock(&self.recorders).get(&shared).cloned();
         let window = Window {
-            next: recorder.as_ref().map_or(0, |r| r.next_sequence()),
-            restarted: recorder.as_ref().is_some_and(|r| r.has_history()),
+            next: recorder.as_ref().map_or(carried, |r| r.next_sequence()),
+            restarted: carried > 0 || recorder.as_ref().is_some_and(|r| r.has_history()),
             ..Window::default()
         };
         sub.hub.hls_segmenters.fetch_add(1, Ordering::AcqRel);
@@ -561,7 +596,7 @@ impl Iptv {
     async fn segment(self: Arc<Self>, channel: Arc<Channel>, sub: Subscription) {
         let config = &self.config.hls;
         let target = Duration::from_secs(config.target_duration_secs);
-        let mut idle_after = Duration::from_millis(self.config.linger_ms) + 3 * target;
+        let mut idle_after = self.idle_after();
         if channel.catchup.is_some() {
             // A paused player does not ask for a complete (VOD) playlist again.
             idle_after = idle_after.max(CATCHUP_IDLE);
@@ -674,6 +709,13 @@ impl Iptv {
         self.forget(&channel);
     }
 
+    /// How long a live channel stays without a request: `linger_ms` plus three target
+    /// durations (a player asks at least once a target duration).
+    fn idle_after(&self) -> Duration {
+        Duration::from_millis(self.config.linger_ms)
+            + 3 * Duration::from_secs(self.config.hls.target_duration_secs)
+    }
+
     /// Whether `channel` is still the one the table serves for its key.
     fn listed(&self, channel: &Arc<Channel>) -> bool {
         registry::lock(&self.hls.channels)
@@ -724,7 +766,7 @@ impl Iptv {
         if let Some(recorder) = &channel.recorder {
             // The disk window answers at once, whatever the live channel is doing now.
             if recorder.has_history() {
-                return self.timeshift_playlist(recorder, req);
+                return self.timeshift_playlist(recorder, req).await;
             }
         } else if channel.key.rtsp.is_none() && matches!(self.seek_of(req), Ok(Some(_))) {
             return super::text(
@@ -752,17 +794,21 @@ impl Iptv {
             if let Some(f) = &w.failure {
                 return super::text(f.status, &format!("{}\n", f.reason));
             }
+            // A timeshift channel's disk window answers (once the window is let go).
             if let Some(recorder) = &channel.recorder {
-                drop(w);
-                return self.timeshift_playlist(recorder, req);
-            }
-            if timed_out || w.segments.is_empty() {
+                Err(recorder)
+            } else if timed_out || w.segments.is_empty() {
                 return super::text(
                     StatusCode::GATEWAY_TIMEOUT,
                     &format!("no segment of {} yet\n", channel.key.channel()),
                 );
+            } else {
+                Ok(w.listing(&self.config.hls, channel.catchup, &channel.rendered))
             }
-            w.listing(&self.config.hls, channel.catchup, &channel.rendered)
+        };
+        let listing = match listing {
+            Ok(listing) => listing,
+            Err(recorder) => return self.timeshift_playlist(recorder, req).await,
         };
         if container == Container::Fmp4 {
             // Written once per version as the TS one is (and as large, on the blocking pool).
@@ -860,72 +906,49 @@ impl Iptv {
 
     /// A timeshift channel's playlist: the whole disk window (players seek inside it), or, with
     /// a catch-up range (`playseek=`), the segments covering it, starting where it begins.
-    fn timeshift_playlist(
+    async fn timeshift_playlist(
         &self,
         recorder: &Recorder,
         req: &http::request::Parts,
     ) -> Response<Body> {
         let query = req.uri.query().unwrap_or("");
-        let (segments, gone) = recorder.segments();
-        let entry = |r: &timeshift::Recorded| Entry {
-            sequence: r.sequence,
-            duration: r.duration,
-            discontinuity: r.discontinuity,
-            wall_ms: Some(r.wall_ms),
-        };
-        let target = self.config.hls.target_duration_secs;
         let seek = match self.seek_of(req) {
             Ok(seek) => seek,
             Err(reason) => return super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")),
         };
+        // At most `timeshift::MAX_SEGMENTS` records of a few dozen bytes.
+        let (segments, gone) = recorder.segments();
         if segments.is_empty() {
             return super::text(StatusCode::GATEWAY_TIMEOUT, "no segment recorded yet\n");
         }
-        let Some(seek) = seek else {
-            let entries: Vec<Entry> = segments.iter().map(entry).collect();
-            let window = playlist::Window {
+        let target = self.config.hls.target_duration_secs;
+        let listing = match seek {
+            None => TimeshiftListing {
+                entries: segments.iter().map(timeshift_entry).collect(),
                 target,
-                discontinuity_sequence: gone,
-                ended: false,
-                query,
-                kind: Kind::Live,
-                start_ms: None,
-                low_latency: None,
-            };
-            return self
-                .playlist_answer(&sent::Playlist::new(playlist::media(window, &entries)), req);
+                gone,
+                complete: None,
+            },
+            Some(seek) => {
+                let begin = seek.begin.unix * 1000;
+                let end = seek.end.map(|e| e.unix * 1000);
+                let Some((picked, offset)) = timeshift::range(&segments, begin, end) else {
+                    return outside_window(&segments, begin);
+                };
+                let complete =
+                    end.is_some_and(|e| segments.last().is_some_and(|l| l.end_ms() >= e));
+                TimeshiftListing {
+                    entries: picked.iter().map(timeshift_entry).collect(),
+                    target,
+                    gone: 0,
+                    complete: Some((complete, offset)),
+                }
+            }
         };
-        let begin = seek.begin.unix * 1000;
-        let end = seek.end.map(|e| e.unix * 1000);
-        let Some((picked, offset)) = timeshift::range(&segments, begin, end) else {
-            let held = match (segments.first(), segments.last()) {
-                (Some(a), Some(b)) => format!(
-                    "{} to {}",
-                    playlist::iso8601(a.wall_ms),
-                    playlist::iso8601(b.end_ms())
-                ),
-                _ => "nothing yet".into(),
-            };
-            return super::text(
-                StatusCode::NOT_FOUND,
-                &format!(
-                    "{} is outside the timeshift window ({held})\n",
-                    playlist::iso8601(begin)
-                ),
-            );
-        };
-        let complete = end.is_some_and(|e| segments.last().is_some_and(|l| l.end_ms() >= e));
-        let entries: Vec<Entry> = picked.iter().map(entry).collect();
-        let window = playlist::Window {
-            target,
-            discontinuity_sequence: 0,
-            ended: complete,
-            query,
-            kind: if complete { Kind::Vod } else { Kind::Event },
-            start_ms: Some(offset),
-            low_latency: None,
-        };
-        self.playlist_answer(&sent::Playlist::new(playlist::media(window, &entries)), req)
+        match write_timeshift(listing, query, &self.hls.render.blocking).await {
+            Ok(text) => self.playlist_answer(&sent::Playlist::new(text), req),
+            Err(estimate) => memory_refused(&self.registry.metrics, estimate),
+        }
     }
 
     /// The answer with `playlist`, charged to what playlist answers hold for the request's
@@ -1010,7 +1033,9 @@ impl Iptv {
             let weak = Arc::downgrade(self);
             tokio::spawn(async move {
                 while let Some(iptv) = weak.upgrade() {
-                    if let Err(resp) = iptv.hls_channel(key.clone(), fcc.clone(), &parts, true) {
+                    let started =
+                        iptv.hls_channel(key.clone(), fcc.clone(), &parts, Restart::Ended);
+                    if let Err(resp) = started {
                         tracing::debug!(status = %resp.status(), "timeshift: channel not started");
                     }
                     drop(iptv);
@@ -1019,6 +1044,117 @@ impl Iptv {
             });
         }
     }
+}
+
+/// Largest timeshift playlist written: one client's share of what playlist answers may hold
+/// ([`sent::MAX_SENT_TOTAL`] / 4), past which no answer could send it. A full window
+/// (`timeshift::MAX_SEGMENTS`) with the longest query stays under it; a window without that
+/// bound made playlists of gigabytes, written whole before `sent` refused them.
+const MAX_TIMESHIFT_PLAYLIST: usize = (sent::MAX_SENT_TOTAL / 4) as usize;
+
+/// A timeshift playlist estimated at least this large is written on the blocking pool (as the
+/// live channels' large playlists are).
+const TIMESHIFT_INLINE_BYTES: usize = 256 << 10;
+
+/// About the bytes a timeshift playlist entry takes besides its query: `#EXTINF`,
+/// `#EXT-X-PROGRAM-DATE-TIME` and the URI.
+const TIMESHIFT_LINE_BYTES: usize = 96;
+
+/// What a timeshift playlist lists (owned: a large one is written on the blocking pool).
+#[derive(Debug)]
+struct TimeshiftListing {
+    entries: Vec<Entry>,
+    target: u64,
+    /// Discontinuities before the first entry.
+    gone: u64,
+    /// A catch-up range: whether the window holds all of it (VOD, else EVENT), and where its
+    /// start is in the first segment (ms); `None` for the whole window (live).
+    complete: Option<(bool, u64)>,
+}
+
+impl TimeshiftListing {
+    /// About how many bytes its playlist takes with `query` (each line carries the query).
+    fn estimate(&self, query: &str) -> usize {
+        self.entries
+            .len()
+            .saturating_mul(query.len().saturating_add(TIMESHIFT_LINE_BYTES))
+    }
+
+    fn write(&self, query: &str) -> String {
+        let (ended, kind, start_ms) = match self.complete {
+            None => (false, Kind::Live, None),
+            Some((true, offset)) => (true, Kind::Vod, Some(offset)),
+            Some((false, offset)) => (false, Kind::Event, Some(offset)),
+        };
+        let window = playlist::Window {
+            target: self.target,
+            discontinuity_sequence: self.gone,
+            ended,
+            query,
+            kind,
+            start_ms,
+            low_latency: None,
+        };
+        playlist::media(window, &self.entries)
+    }
+}
+
+/// Writes a timeshift playlist: refused (with its estimated size) when it would be larger than
+/// [`MAX_TIMESHIFT_PLAYLIST`], before it is written; a large one on the blocking pool, in one
+/// of `places` (those the channels' large playlists share).
+async fn write_timeshift(
+    listing: TimeshiftListing,
+    query: &str,
+    places: &Arc<tokio::sync::Semaphore>,
+) -> Result<String, usize> {
+    let estimate = listing.estimate(query);
+    if estimate > MAX_TIMESHIFT_PLAYLIST {
+        return Err(estimate);
+    }
+    if estimate < TIMESHIFT_INLINE_BYTES {
+        return Ok(listing.write(query));
+    }
+    // The places are never closed; were they, the playlist is written here.
+    let Ok(place) = places.clone().acquire_owned().await else {
+        return Ok(listing.write(query));
+    };
+    let (listing, owned) = (Arc::new(listing), query.to_owned());
+    let job = listing.clone();
+    let written = tokio::task::spawn_blocking(move || {
+        let _place = place;
+        job.write(&owned)
+    })
+    .await;
+    // Only a panic or a runtime shutting down ends a blocking job early: it is written here.
+    Ok(written.unwrap_or_else(|_| listing.write(query)))
+}
+
+fn timeshift_entry(r: &timeshift::Recorded) -> Entry {
+    Entry {
+        sequence: r.sequence,
+        duration: r.duration,
+        discontinuity: r.discontinuity,
+        wall_ms: Some(r.wall_ms),
+    }
+}
+
+/// 404 for a catch-up range beginning at `begin` (Unix ms), outside the window of `segments`.
+fn outside_window(segments: &[timeshift::Recorded], begin: i64) -> Response<Body> {
+    let held = match (segments.first(), segments.last()) {
+        (Some(a), Some(b)) => format!(
+            "{} to {}",
+            playlist::iso8601(a.wall_ms),
+            playlist::iso8601(b.end_ms())
+        ),
+        _ => "nothing yet".into(),
+    };
+    super::text(
+        StatusCode::NOT_FOUND,
+        &format!(
+            "{} is outside the timeshift window ({held})\n",
+            playlist::iso8601(begin)
+        ),
+    )
 }
 
 /// Segments a channel's window keeps, and their most bytes: a live channel its playlist's
@@ -1208,11 +1344,13 @@ fn answer(
     if let Some(body) = playlist.body(sent, client) {
         return playlist_headers(Response::new(body));
     }
+    memory_refused(metrics, playlist.text.len())
+}
+
+/// The answer to a playlist of `bytes` that what answers may hold has no room for (503).
+fn memory_refused(metrics: &super::metrics::Metrics, bytes: usize) -> Response<Body> {
     metrics.refuse("hls_memory");
-    tracing::debug!(
-        bytes = playlist.text.len(),
-        "HLS playlist refused: answers hold their memory"
-    );
+    tracing::debug!(bytes, "HLS playlist refused: answers hold their memory");
     let mut resp = super::text(
         StatusCode::SERVICE_UNAVAILABLE,
         "the HLS playlists being sent now hold all the memory set aside for them; try again shortly\n",
@@ -1860,6 +1998,53 @@ mod tests {
         assert_eq!(shared.used(), before + size);
         drop(answers);
         assert_eq!(shared.used(), before);
+    }
+
+    /// A timeshift playlist larger than any answer may send is refused before it is written
+    /// (not even waiting for a place on the blocking pool); a full window
+    /// (`timeshift::MAX_SEGMENTS`) with the longest query is written, within the bound.
+    #[tokio::test]
+    async fn a_timeshift_playlist_no_answer_could_send_is_refused_before_it_is_written() {
+        let listing = |n: usize| TimeshiftListing {
+            entries: (0..n as u64)
+                .map(|i| Entry {
+                    sequence: i,
+                    duration: CLOCK / 25,
+                    discontinuity: false,
+                    wall_ms: Some(1_700_000_000_000 + i as i64 * 40),
+                })
+                .collect(),
+            target: 4,
+            gone: 0,
+            complete: None,
+        };
+        let query = format!("t={}", "x".repeat(MAX_QUERY_BYTES - 2));
+        let places = Arc::new(tokio::sync::Semaphore::new(kept::BLOCKING_WRITES));
+        // More entries than fit with that query (an index with no count bound held millions).
+        let big = listing(MAX_TIMESHIFT_PLAYLIST / (MAX_QUERY_BYTES + TIMESHIFT_LINE_BYTES) + 1);
+        // Every place is taken: a write would wait for one.
+        let taken = places
+            .clone()
+            .acquire_many_owned(kept::BLOCKING_WRITES as u32)
+            .await
+            .unwrap();
+        let refused = tokio::time::timeout(
+            Duration::from_secs(5),
+            write_timeshift(big, &query, &places),
+        )
+        .await
+        .expect("refused at once, not queued to be written");
+        match refused {
+            Err(estimate) => assert!(estimate > MAX_TIMESHIFT_PLAYLIST, "{estimate}"),
+            Ok(text) => panic!("a playlist of {} bytes was written", text.len()),
+        }
+        drop(taken);
+        let text = write_timeshift(listing(timeshift::MAX_SEGMENTS), &query, &places)
+            .await
+            .unwrap();
+        assert!(text.len() <= MAX_TIMESHIFT_PLAYLIST, "{} bytes", text.len());
+        assert_eq!(text.matches(".ts?t=").count(), timeshift::MAX_SEGMENTS);
+        assert!(text.ends_with(&format!("{}.ts?{query}\n", timeshift::MAX_SEGMENTS - 1)));
     }
 
     #[test]

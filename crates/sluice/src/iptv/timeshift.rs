@@ -3,8 +3,8 @@
 //!
 //! Opt-in per channel (`[iptv.timeshift] channels`): each listed channel is segmented from
 //! start-up on, watched or not, and every finished segment is written to `dir/<channel>/<n>.ts`
-//! with its wall-clock start. Files older than `minutes` (or beyond `max_bytes` per channel) are
-//! deleted as new ones arrive; the index of what is on disk lives in memory, and a restart
+//! with its wall-clock start. Files older than `minutes` (or beyond `max_bytes` per channel, or
+//! past [`MAX_SEGMENTS`]) are deleted as new ones arrive; the index of what is on disk lives in memory, and a restart
 //! starts an empty window (leftover files are removed).
 
 use std::collections::VecDeque;
@@ -74,6 +74,12 @@ impl TimeshiftConfig {
         Ok(())
     }
 }
+
+/// Most segments a channel's window keeps, whatever `minutes` and `max_bytes` allow: as many as
+/// a catch-up window. A sender jumping its timestamps at every picture gets a segment of a few
+/// hundred bytes each time: 2 GiB of them was millions of files, and an index (and a playlist
+/// listing it) of as many entries.
+pub const MAX_SEGMENTS: usize = super::hls::CATCHUP_MAX_SEGMENTS;
 
 /// One segment on disk.
 #[derive(Debug, Clone, Copy)]
@@ -162,7 +168,10 @@ impl Recorder {
             let mut gone = Vec::new();
             while let Some(old) = index.segments.front().copied() {
                 let too_old = wall_ms - old.wall_ms > self.keep_ms;
-                if !too_old && index.bytes <= self.max_bytes || index.segments.len() == 1 {
+                let too_many = index.segments.len() > MAX_SEGMENTS;
+                if !too_old && !too_many && index.bytes <= self.max_bytes
+                    || index.segments.len() == 1
+                {
                     break;
                 }
                 index.segments.pop_front();
@@ -189,10 +198,16 @@ impl Recorder {
     /// Segment `n` as a body read from its file as it is sent, and its length, when it is still
     /// on disk: each viewer holds one chunk of it, not a copy of the whole segment.
     pub async fn read(&self, n: u64) -> Option<(Body, u64)> {
+        // By binary search (sequences ascend): the window holds up to `MAX_SEGMENTS`, and the
+        // segmenter storing the next one waits on this lock.
         let held = registry::lock(&self.index)
             .segments
-            .iter()
-            .any(|r| r.sequence == n);
+            .binary_search_by(|r| {
+                #[cfg(test)]
+                tests::PROBES.with(|p| p.set(p.get() + 1));
+                r.sequence.cmp(&n)
+            })
+            .is_ok();
         if !held {
             return None;
         }
@@ -256,6 +271,78 @@ pub fn dir_name(label: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Index entries `Recorder::read` looked at, on this thread.
+        pub(super) static PROBES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A segment of `len` bytes, each `n as u8`.
+    fn small(n: u64, len: usize) -> Segment {
+        Segment {
+            data: vec![n as u8; len].into(),
+            duration: CLOCK / 25,
+            keyframe: true,
+            discontinuity: false,
+            start: n * CLOCK / 25,
+            number: n,
+        }
+    }
+
+    /// A sender jumping its timestamps at every picture makes a tiny segment of each: the
+    /// window stops at `MAX_SEGMENTS` whatever `minutes` and `max_bytes` allow, the oldest
+    /// going with their files.
+    #[tokio::test]
+    async fn the_window_keeps_at_most_max_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ch");
+        let recorder = Recorder::open(path.clone(), 24 * 60, 2 << 30).unwrap();
+        let extra = 5;
+        for n in 0..(MAX_SEGMENTS + extra) as u64 {
+            recorder.keep(n, &small(n, 1), 1_000 + n as i64).await;
+        }
+        let (segments, _) = recorder.segments();
+        assert_eq!(segments.len(), MAX_SEGMENTS);
+        assert_eq!(segments[0].sequence, extra as u64, "the oldest went");
+        assert_eq!(
+            segments.last().unwrap().sequence,
+            (MAX_SEGMENTS + extra - 1) as u64
+        );
+        let files = std::fs::read_dir(&path).unwrap().count();
+        assert_eq!(files, MAX_SEGMENTS, "their files went too");
+        for n in 0..extra as u64 {
+            assert!(!path.join(format!("{n}.ts")).exists(), "{n}.ts left");
+            assert!(recorder.read(n).await.is_none());
+        }
+        assert!(path.join(format!("{extra}.ts")).exists());
+    }
+
+    /// `read` finds a segment in a few looks at a full index (it was a walk of all of it, under
+    /// the lock the segmenter waits on), and the right one.
+    #[tokio::test]
+    async fn a_segment_is_read_after_a_few_looks() {
+        use http_body_util::BodyExt;
+        let dir = tempfile::tempdir().unwrap();
+        let recorder = Recorder::open(dir.path().join("ch"), 24 * 60, 2 << 30).unwrap();
+        for n in 0..MAX_SEGMENTS as u64 {
+            // A varying length tells the segments apart by more than their byte.
+            recorder
+                .keep(n, &small(n, 1 + (n % 7) as usize), 1_000 + n as i64)
+                .await;
+        }
+        for n in [0, 1, 7_777, MAX_SEGMENTS as u64 - 1] {
+            PROBES.with(|p| p.set(0));
+            let (body, len) = recorder.read(n).await.unwrap();
+            let probes = PROBES.with(std::cell::Cell::get);
+            assert!(probes <= 16, "{probes} looks for segment {n}");
+            let data = body.collect().await.unwrap().to_bytes();
+            assert_eq!(len, 1 + n % 7);
+            assert_eq!(&data[..], &vec![n as u8; 1 + (n % 7) as usize][..]);
+        }
+        PROBES.with(|p| p.set(0));
+        assert!(recorder.read(MAX_SEGMENTS as u64).await.is_none());
+        assert!(PROBES.with(std::cell::Cell::get) <= 16);
+    }
 
     fn rec(sequence: u64, wall_ms: i64) -> Recorded {
         Recorded {
