@@ -1,6 +1,8 @@
 //! The TCP (L4) front end: `[[tcp]]` listeners that relay connections to upstream groups with
 //! splice, PROXY protocol both ways, SNI routing and optional TLS termination; listeners are
 //! applied live (unchanged ones keep their sockets, removed ones drain) and shut down gracefully.
+//! A listener renamed, or moved to the address another one held, takes over the running socket
+//! on that address: binding it afresh would fail while the old socket holds the port.
 //! A change is prepared first (certificates loaded, new sockets bound), which can fail and then
 //! changes nothing, and committed after, which cannot fail.
 //!
@@ -17,7 +19,7 @@ pub mod metrics;
 mod session;
 mod share;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -77,8 +79,17 @@ struct Next {
     name: String,
     config: TcpConfig,
     tls: Option<TlsAcceptor>,
-    /// The new socket and its bound address; `None` for a listener that keeps its running socket.
-    socket: Option<(TcpListener, SocketAddr)>,
+    socket: Socket,
+}
+
+/// Where a [`Next`] listener's socket comes from.
+enum Socket {
+    /// The running listener of this name takes the new settings and keeps accepting on its
+    /// socket: the same listener, or another whose address this one now names (a rename, or
+    /// two listeners swapping addresses).
+    Running(String),
+    /// A socket bound by [`TcpProxy::prepare`], and its bound address.
+    Bound(TcpListener, SocketAddr),
 }
 
 impl Drop for Running {
@@ -122,12 +133,30 @@ impl TcpProxy {
 
     /// Does everything of a change to `configs` that can fail, touching no running listener: loads
     /// each listener's certificate and binds each new listener (one whose name is new, or whose
-    /// address changed). A listener whose name and address stay is marked to keep its socket.
-    /// Dropping the result lets go of the new sockets. Must be called inside a tokio runtime.
+    /// address changed). A listener whose name and address stay is marked to keep its socket, and
+    /// one that names the exact address another running listener is bound to takes that socket
+    /// over (a rename or a swap): the port is taken while it is open. Dropping the result lets go
+    /// of the new sockets. Must be called inside a tokio runtime.
     pub fn prepare(&self, configs: &[TcpConfig]) -> anyhow::Result<Prepared> {
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let mut listeners = Vec::with_capacity(configs.len());
         let mut identities = Vec::new();
+        let keeps = |name: &str, listen: SocketAddr| {
+            running.get(name).is_some_and(|r| {
+                r.local == listen || (listen.port() == 0 && r.local.ip() == listen.ip())
+            })
+        };
+        // Running sockets spoken for: first those kept under their own name, so none of them is
+        // taken over by another listener; then each one taken over.
+        let mut claimed: HashSet<String> = configs
+            .iter()
+            .map(|c| c.name())
+            .filter(|name| {
+                configs
+                    .iter()
+                    .any(|c| &c.name() == name && keeps(name, c.listen))
+            })
+            .collect();
         for config in configs {
             let name = config.name();
             let tls = match (&config.tls_cert, &config.tls_key) {
@@ -146,17 +175,25 @@ impl TcpProxy {
                 }
                 _ => None,
             };
-            let kept = running.get(&name).is_some_and(|r| {
-                r.local == config.listen
-                    || (config.listen.port() == 0 && r.local.ip() == config.listen.ip())
-            });
-            let socket = if kept {
-                None
+            // A fixed address another running listener is bound to: its socket, renamed.
+            let taken_over = running
+                .iter()
+                .find(|(from, r)| {
+                    config.listen.port() != 0
+                        && r.local == config.listen
+                        && !claimed.contains(from.as_str())
+                })
+                .map(|(from, _)| from.clone());
+            let socket = if keeps(&name, config.listen) {
+                Socket::Running(name.clone())
+            } else if let Some(from) = taken_over {
+                claimed.insert(from.clone());
+                Socket::Running(from)
             } else {
                 let cannot = || format!("[[tcp]] {name:?}: cannot listen on {}", config.listen);
                 let socket = listener::bind(config.listen).with_context(cannot)?;
                 let local = socket.local_addr().with_context(cannot)?;
-                Some((socket, local))
+                Socket::Bound(socket, local)
             };
             listeners.push(Next {
                 name,
@@ -173,13 +210,16 @@ impl TcpProxy {
 
     /// Installs `prepared` over `groups`: kept listeners take the new settings for new
     /// connections (their connection limit and per-address share changed in place), new ones
-    /// start accepting, removed ones stop accepting and their connections drain. Cannot fail.
+    /// start accepting, renamed ones accept on under their new name, removed ones stop accepting
+    /// and their connections drain. Cannot fail.
     /// Running listeners must be those `prepared` was made against (live reloads run one at a
     /// time).
     pub fn commit(&self, prepared: Prepared, groups: Arc<Groups>) {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         crate::server::tls::resume::keep_apart(&prepared.identities);
-        running.retain(|name, _| prepared.listeners.iter().any(|n| &n.name == name));
+        // Every running listener is taken out and put back under the name that keeps its socket;
+        // those left over are dropped at the end, which stops them.
+        let mut before = std::mem::take(&mut *running);
         for next in prepared.listeners {
             let Next {
                 name,
@@ -188,8 +228,8 @@ impl TcpProxy {
                 socket,
             } = next;
             match socket {
-                None => {
-                    let Some(r) = running.get(&name) else {
+                Socket::Running(from) => {
+                    let Some(r) = before.remove(&from) else {
                         // Only if the listeners changed between prepare and commit.
                         tracing::warn!(listener = %name, "tcp: listener gone before its reload");
                         continue;
@@ -199,14 +239,18 @@ impl TcpProxy {
                     let per_ip = Arc::clone(&r.settings.borrow().per_ip);
                     per_ip.set(config.max_connections_per_ip, config.per_ip_exempt.clone());
                     let _ = r.settings.send(Arc::new(Settings {
-                        name,
+                        name: name.clone(),
                         config,
                         groups: Arc::clone(&groups),
                         tls,
                         per_ip,
                     }));
+                    if from != name {
+                        tracing::info!(listener = %name, was = %from, addr = %r.local, "tcp listener renamed");
+                    }
+                    running.insert(name, r);
                 }
-                Some((socket, local)) => {
+                Socket::Bound(socket, local) => {
                     let limit = listener::Limit::new(config.max_connections);
                     let per_ip = share::Share::new(
                         config.max_connections_per_ip,

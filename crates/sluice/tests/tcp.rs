@@ -669,6 +669,86 @@ async fn reload_keeps_established_connections_and_switches_new_ones() {
     assert_eq!(&buf, b"after!");
 }
 
+/// A reload that renames a listener, or swaps two listeners' addresses, takes over the running
+/// sockets: binding the same port afresh would fail while the old socket holds it, and refused
+/// the whole reload. Established connections stay up; new ones are served under the new names.
+#[tokio::test]
+async fn a_reload_renames_listeners_and_swaps_their_addresses() {
+    let up = Arc::new(AtomicBool::new(true));
+    let x = Upstream::named("x", up.clone()).await;
+    let y = Upstream::named("y", up.clone()).await;
+    let config = |listeners: &[(&str, &str, &str)]| {
+        let mut c = format!(
+            "[[upstreams]]\nname = \"x\"\nservers = [\"{}\"]\n\
+             [[upstreams]]\nname = \"y\"\nservers = [\"{}\"]\n",
+            x.addr, y.addr
+        );
+        for (name, listen, upstream) in listeners {
+            c.push_str(&format!(
+                "\n[[tcp]]\nname = \"{name}\"\nlisten = \"{listen}\"\nupstream = \"{upstream}\"\n"
+            ));
+        }
+        c
+    };
+    let proxy = Proxy::start(&config(&[
+        ("a", "127.0.0.1:0", "x"),
+        ("b", "127.0.0.1:0", "y"),
+    ]));
+    let reload = |text: String| {
+        let next = sluice::config::Config::parse_file(&text).unwrap();
+        next.validate().unwrap();
+        let groups = Arc::new(
+            sluice::upstream::group::Groups::rebuild(&next.upstreams, Some(&proxy.groups)).unwrap(),
+        );
+        proxy.tcp.apply(&next.tcp, groups)
+    };
+    let one = proxy.tcp.local_addr("a").unwrap();
+    let two = proxy.tcp.local_addr("b").unwrap();
+    let (one_s, two_s) = (one.to_string(), two.to_string());
+    assert_eq!(which(one).await, "x");
+    assert_eq!(which(two).await, "y");
+    let mut held = TcpStream::connect(one).await.unwrap();
+    let mut line = [0u8; 2];
+    held.read_exact(&mut line).await.unwrap();
+    assert_eq!(&line, b"x\n");
+
+    // Rename "a" to "renamed" on the same address.
+    reload(config(&[("renamed", &one_s, "x"), ("b", &two_s, "y")])).unwrap();
+    assert_eq!(
+        proxy.tcp.local_addrs(),
+        vec![("b".to_string(), two), ("renamed".to_string(), one)]
+    );
+    assert_eq!(which(one).await, "x");
+    let m = proxy.metrics();
+    assert!(
+        m.contains("sluice_tcp_connections_accepted_total{listener=\"renamed\"} 1"),
+        "{m}"
+    );
+
+    // Swap the two addresses (and with them, which upstream each port reaches).
+    reload(config(&[("renamed", &two_s, "x"), ("b", &one_s, "y")])).unwrap();
+    assert_eq!(
+        proxy.tcp.local_addrs(),
+        vec![("b".to_string(), one), ("renamed".to_string(), two)]
+    );
+    assert_eq!(which(one).await, "y");
+    assert_eq!(which(two).await, "x");
+    let m = proxy.metrics();
+    assert!(
+        m.contains("sluice_tcp_connections_accepted_total{listener=\"b\"} 2"),
+        "{m}"
+    );
+    assert!(
+        m.contains("sluice_tcp_connections_accepted_total{listener=\"renamed\"} 2"),
+        "{m}"
+    );
+    // The connection from before both reloads is still open: the socket it came through was
+    // never closed, only renamed.
+    wait_connections(&proxy, 1).await;
+    drop(held);
+    wait_connections(&proxy, 0).await;
+}
+
 /// `POST /admin/reload` on `http` with `password`; the status and the whole answer.
 async fn admin_reload(http: std::net::SocketAddr, password: &str) -> (u16, String) {
     let mut s = TcpStream::connect(http).await.unwrap();
