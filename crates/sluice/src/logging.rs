@@ -1,14 +1,16 @@
-//! Logging to stderr: the `RUST_LOG` filter (`level` and `target=level` directives) and the
-//! subscriber that writes one line per event.
+//! Logging to stderr: the `RUST_LOG` filter (`level` and `target=level` directives), the
+//! subscriber that formats one line per event, and the writer thread that takes the lines to
+//! stderr so a stalled reader (journald, a paused pipe) never blocks the thread that logs.
 //!
 //! Hand-written rather than `tracing-subscriber`: sluice logs events and no spans, and its
 //! registry, span storage and formatting layers were ~40 KB of the router build for that
 //! (docs/decisions/footprint.md).
 
 use std::fmt::{self, Write as _};
-use std::io::Write as _;
+use std::io::Write;
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
@@ -145,11 +147,17 @@ pub struct Logger {
     filter: Filter,
     /// Colour the level (stderr is a terminal).
     ansi: bool,
+    /// Where the lines go; `None`: the process's stderr queue, started on the first event.
+    out: Option<LineQueue>,
 }
 
 impl Logger {
     pub fn new(filter: Filter, ansi: bool) -> Self {
-        Logger { filter, ansi }
+        Logger {
+            filter,
+            ansi,
+            out: None,
+        }
     }
 }
 
@@ -182,10 +190,180 @@ impl Subscriber for Logger {
 
     fn event(&self, event: &Event<'_>) {
         let line = format_line(SystemTime::now(), event, self.ansi);
+        match &self.out {
+            Some(queue) => queue.push(&line),
+            None => to_stderr(&line),
+        }
+    }
+}
+
+/// Bytes of lines queued or being written before new ones are dropped: minutes of ordinary
+/// logging, and a bound on what a stalled stderr can make the process hold.
+const QUEUE_BYTES: usize = 1 << 20;
+
+/// How long [`flush`] waits by default at exit; see its caller in `main.rs`.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The process's stderr queue: `None` once the writer thread could not be started.
+static STDERR: OnceLock<Option<LineQueue>> = OnceLock::new();
+
+/// Queues `line` for stderr, starting the writer on the first line. Without a writer thread
+/// (the process is out of threads), written here as before: late is better than lost.
+fn to_stderr(line: &str) {
+    let queue = STDERR.get_or_init(|| LineQueue::start(Box::new(std::io::stderr())).ok());
+    match queue {
+        Some(queue) => queue.push(line),
         // One write per line, so concurrent events never interleave within a line; a failed
         // write (stderr closed) has nowhere to be reported.
-        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        None => {
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
+        }
     }
+}
+
+/// Waits until every line logged so far is written to stderr, at most `timeout`; false if some
+/// were still waiting (stderr stalled). Call before the process exits: the lines logged just
+/// before are what an operator reads when a start fails.
+pub fn flush(timeout: Duration) -> bool {
+    match STDERR.get() {
+        Some(Some(queue)) => queue.flush(timeout),
+        _ => true,
+    }
+}
+
+/// Lines waiting for a writer thread of their own, bounded in bytes. Logging is called on the
+/// runtime's workers, and stderr under systemd is a pipe to journald: a write there blocks as
+/// long as the reader does, and with it every worker that logs. Here a full queue drops the line
+/// and counts it, and the writer says how many it lost where they were lost.
+#[derive(Clone)]
+struct LineQueue(Arc<Shared>);
+
+struct Shared {
+    state: Mutex<State>,
+    /// Lines queued (or dropped) while the writer was idle.
+    work: Condvar,
+    /// A batch written: for [`LineQueue::flush`].
+    written: Condvar,
+}
+
+#[derive(Default)]
+struct State {
+    /// The lines waiting, in order; the writer takes all of them as one write.
+    lines: Vec<u8>,
+    /// Bytes of the batch being written: they are held until written, so they count.
+    writing: usize,
+    /// Lines dropped since the writer last took a batch. While nonzero every line is dropped,
+    /// so the count line the writer adds sits exactly where the lines are missing.
+    dropped: u64,
+    /// The writer is waiting for lines (so a push must wake it).
+    idle: bool,
+}
+
+impl LineQueue {
+    /// Starts the writer thread, writing to `out` (for the process: stderr). It lives as long as
+    /// the process.
+    fn start(out: Box<dyn Write + Send>) -> std::io::Result<LineQueue> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            written: Condvar::new(),
+        });
+        let writer = shared.clone();
+        std::thread::Builder::new()
+            .name("sluice-log".into())
+            .spawn(move || write_lines(&writer, out))?;
+        Ok(LineQueue(shared))
+    }
+
+    /// Queues `line` (newline included); never waits for the writer.
+    fn push(&self, line: &str) {
+        let mut state = lock(&self.0.state);
+        let room = QUEUE_BYTES.saturating_sub(state.lines.len() + state.writing);
+        if state.dropped > 0 || line.len() > room {
+            state.dropped += 1;
+        } else {
+            // Grown by doubling, but never past the bound: the bytes held are what was counted.
+            let lines = &mut state.lines;
+            if lines.capacity() - lines.len() < line.len() {
+                let want = (lines.len() + line.len()).max(2 * lines.capacity());
+                lines.reserve_exact(want.min(QUEUE_BYTES) - lines.len());
+            }
+            lines.extend_from_slice(line.as_bytes());
+        }
+        if state.idle {
+            state.idle = false;
+            self.0.work.notify_one();
+        }
+    }
+
+    /// Waits until everything queued is written, at most `timeout`; false if not.
+    fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = lock(&self.0.state);
+        while !state.lines.is_empty() || state.writing > 0 || state.dropped > 0 {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            state = self
+                .0
+                .written
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+}
+
+/// The writer thread: takes everything queued as one batch (the count line appended when lines
+/// were dropped) and writes it with one `write_all`, so lines keep their order and never mix.
+fn write_lines(shared: &Shared, mut out: Box<dyn Write + Send>) {
+    let mut batch = Vec::new();
+    loop {
+        {
+            let mut state = lock(&shared.state);
+            state.writing = 0;
+            shared.written.notify_all();
+            while state.lines.is_empty() && state.dropped == 0 {
+                state.idle = true;
+                state = shared
+                    .work
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            state.idle = false;
+            std::mem::swap(&mut state.lines, &mut batch);
+            if state.dropped > 0 {
+                batch.extend_from_slice(dropped_line(SystemTime::now(), state.dropped).as_bytes());
+                state.dropped = 0;
+            }
+            state.writing = batch.len();
+        }
+        // A failed write (stderr closed) has nowhere to be reported.
+        let _ = out.write_all(&batch).and_then(|()| out.flush());
+        batch.clear();
+        // A burst's buffer is not kept for good.
+        if batch.capacity() > 64 * 1024 {
+            batch = Vec::new();
+        }
+    }
+}
+
+/// The line that stands for `n` lines dropped, shaped as an event's.
+fn dropped_line(now: SystemTime, n: u64) -> String {
+    let mut line = String::with_capacity(128);
+    timestamp(&mut line, now);
+    let _ = writeln!(
+        line,
+        "  WARN sluice::logging: {n} log lines dropped: stderr was not read fast enough"
+    );
+    line
+}
+
+/// The queue's lock; a panic while it was held (none can: it guards appends) leaves the bytes
+/// as they were, so a poisoned lock is used as it is.
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The line for `event` at `now`, newline included.
@@ -480,6 +658,100 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, "\u{2027}\u{202f}\u{2065}\u{206a}\u{200d}");
+    }
+
+    /// A sink whose writes wait until `open` says go (or is dropped), then keep the bytes.
+    struct Gate {
+        open: std::sync::mpsc::Receiver<()>,
+        opened: bool,
+        out: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Gate {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if !self.opened {
+                let _ = self.open.recv();
+                self.opened = true;
+            }
+            self.out.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stalled_stderr_neither_blocks_logging_nor_holds_more_than_the_bound() {
+        use std::sync::mpsc::channel;
+        let (open, gate) = channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let queue = LineQueue::start(Box::new(Gate {
+            open: gate,
+            opened: false,
+            out: out.clone(),
+        }))
+        .unwrap();
+        let logger = Logger {
+            filter: parse_filter("info").unwrap(),
+            ansi: false,
+            out: Some(queue.clone()),
+        };
+        // 3,000 lines of about 1 KiB: three times the bound, logged while the sink is stuck on
+        // the first write. On a thread, so a logging call that blocks fails the test instead of
+        // hanging it.
+        const LINES: usize = 3000;
+        let pad = "x".repeat(1000);
+        let (done, finished) = channel();
+        std::thread::spawn(move || {
+            tracing::subscriber::with_default(logger, || {
+                for i in 0..LINES {
+                    tracing::info!(target: "sluice::test", "line {i} {pad}");
+                }
+            });
+            let _ = done.send(());
+        });
+        assert!(
+            finished.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "logging blocked on the stalled sink"
+        );
+        {
+            let state = lock(&queue.0.state);
+            assert!(state.lines.len() + state.writing <= QUEUE_BYTES);
+            assert!(state.lines.capacity() <= QUEUE_BYTES);
+            assert!(state.dropped > 0);
+        }
+        assert!(
+            !queue.flush(Duration::from_millis(50)),
+            "nothing is written yet"
+        );
+
+        open.send(()).unwrap();
+        assert!(queue.flush(Duration::from_secs(10)));
+        // A line logged after the writer caught up comes after the count.
+        queue.push("after\n");
+        assert!(queue.flush(Duration::from_secs(10)));
+
+        let out = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        let (after, rest) = lines.split_last().unwrap();
+        let (count, kept) = rest.split_last().unwrap();
+        assert_eq!(*after, "after");
+        assert!(!kept.is_empty());
+        for (i, line) in kept.iter().enumerate() {
+            let want = format!(" INFO sluice::test: line {i} {}", "x".repeat(1000));
+            assert!(line.ends_with(&want), "line {i}: {line}");
+        }
+        let kept_bytes: usize = kept.iter().map(|l| l.len() + 1).sum();
+        assert!(kept_bytes <= QUEUE_BYTES, "{kept_bytes}");
+        let dropped = LINES - kept.len();
+        assert!(
+            count.ends_with(&format!(
+                "  WARN sluice::logging: {dropped} log lines dropped: stderr was not read fast \
+                 enough"
+            )),
+            "{count}"
+        );
     }
 
     /// `Logger`'s filtering and formatting, with the lines kept instead of written.

@@ -38,6 +38,9 @@ fn main() -> anyhow::Result<()> {
     // Before any thread starts: these read (and the drop-in writes) the process environment.
     let dropin_notes = sluice::dropin::apply();
     init_logging();
+    // Every way out of main from here (the return, an error returned with `?`) drops this: the
+    // last lines logged are why a start failed. A panic's message is written by its hook.
+    let _flush = FlushLog;
     for note in dropin_notes {
         tracing::warn!("MediaFlow environment: {note}");
     }
@@ -300,6 +303,17 @@ fn init_logging() {
     }
     if let Some(warning) = warning {
         tracing::warn!("{warning}");
+    }
+}
+
+/// Waits, when dropped, for the event log's writer thread to write what is queued (bounded: a
+/// stalled stderr does not hold the exit for more than `FLUSH_TIMEOUT`). `main` returns or
+/// fails only through it once logging has started: the one `std::process::exit` comes before.
+struct FlushLog;
+
+impl Drop for FlushLog {
+    fn drop(&mut self) {
+        sluice::logging::flush(sluice::logging::FLUSH_TIMEOUT);
     }
 }
 
