@@ -828,8 +828,7 @@ pub(super) enum AttemptFailure {
 /// Only failures the server caused count against it (passive health): an attempt that failed
 /// because the client's body did (aborted, malformed, too large, idle, or still awaited from the
 /// client when the header timeout ran out) ends the loop with [`FetchError::Client`] and books
-/// nothing (the last case spends a recovery trial it held: the server had its whole header
-/// timeout and did not answer); so does a server's error while the body was stalled on the client
+/// nothing; so does a server's error while the body was stalled on the client
 /// ([`BodySlot::stalled`]: the server may have timed the upload out), ending the loop with that
 /// error (a recovery trial it held is spent, not given back). No client can take a server out of service by failing or trickling its own uploads.
 pub(super) async fn attempt_loop<R, F, Fut>(
@@ -887,11 +886,6 @@ where
             Ok(Err(AttemptFailure::Failed(e))) => e,
             Err(_) => {
                 if let Some(fault) = body.and_then(|b| b.client_fault(true)) {
-                    // The client's doing, so not booked; but the server had the request for the
-                    // whole header timeout without answering: a recovery trial it held is spent,
-                    // as for `Unbooked`. Given back, an ejected server that never answers took a
-                    // trial with every upload slower than the timeout, not one per period.
-                    plan.spend_trial(index);
                     return Err(match fault {
                         ClientFault::TooLarge => FetchError::TooLarge {
                             limit: route.config.max_body_bytes,

@@ -278,7 +278,6 @@ impl Group {
     /// one plan, and its outcome decides whether it stays. A plan dropped before the trial's
     /// verdict (the request cancelled, failed on its client's side, or never sent to it) gives
     /// the trial back: the next plan takes it, rather than the server waiting out another period.
-    /// A trial the server used without a verdict ([`Plan::spend_trial`]) is not given back.
     ///
     /// The plan is the servers' indexes, held inline for up to `INLINE` servers: a request's plan
     /// allocates nothing in a group of that size.
@@ -424,8 +423,7 @@ impl Drop for Plan<'_> {
 
 impl<'a> Plan<'a> {
     /// The server at `index` (in [`Group::servers`]) failed in a way not booked on it (it gave up
-    /// on an upload stalled on its client, or had the request for the whole header timeout
-    /// without answering while the body was still awaited from the client): when this plan holds its recovery trial, the trial
+    /// on an upload stalled on its client): when this plan holds its recovery trial, the trial
     /// is spent all the same, neither given back nor decided, so the server stays out until the
     /// deadline the trial set and the next trial waits a full `fail_timeout`.
     pub fn spend_trial(&self, index: usize) {
