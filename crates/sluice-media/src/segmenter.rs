@@ -19,8 +19,8 @@
 //! For low-latency HLS ([`Settings::part`]), each segment is also cut into partial segments as
 //! it grows, at picture starts: a part never lasts longer than the part target, a keyframe
 //! begins a new (independent) part, and the parts of a GOP are of even length. A segment's
-//! parts, concatenated, are the segment. Their number is bounded: past twice the part targets
-//! that fit in a segment, keyframes no longer begin parts, and past [`MAX_PARTS`] nothing does.
+//! parts, concatenated, are the segment. Their number is bounded: past three times the part
+//! targets that fit in a segment, keyframes no longer begin parts, and past [`MAX_PARTS`] nothing does.
 //!
 //! # Layout
 //! - `psi`: PAT and PMT reassembly and parsing.
@@ -49,7 +49,8 @@ const MAX_STEP: u64 = 10 * CLOCK;
 /// segment is its last part. A source can make every picture a keyframe one tick after the
 /// last (one packet each), which would otherwise make a part of each, ~178,000 to a 32 MiB
 /// segment, every one of them listed in each playlist. 1,000 is above the crowding cap of the
-/// busiest configuration the gateway accepts (30 s segments of 100 ms parts, twice over: 600).
+/// busiest configuration the gateway accepts (30 s segments of 100 ms parts, three times over:
+/// 900).
 const MAX_PARTS: u32 = 1_000;
 
 /// One finished media segment.
@@ -485,12 +486,13 @@ impl Segmenter {
         seg.part_independent = keyframe;
     }
 
-    /// Parts a segment has before it is crowded (see [`Segmenter::cut_part`]): twice as many
-    /// as part targets fit in the target duration, which leaves room for a keyframe at every
-    /// scene cut of an ordinary stream, and at most [`MAX_PARTS`].
+    /// Parts a segment has before it is crowded (see [`Segmenter::cut_part`]): three times as
+    /// many as part targets fit in the target duration, and at most [`MAX_PARTS`]. Twice was
+    /// exactly full for an ordinary stream: at 29.97 fps a 1 s part holds 29 pictures and a 1 s
+    /// GOP has 30, so each GOP is two parts; three times leaves room for scene cuts beside that.
     fn part_cap(&self) -> u32 {
         let fit = self.settings.target.div_ceil(self.settings.part.max(1));
-        u32::try_from(fit.saturating_mul(2))
+        u32::try_from(fit.saturating_mul(3))
             .unwrap_or(MAX_PARTS)
             .min(MAX_PARTS)
     }

@@ -637,7 +637,7 @@ fn a_keyframe_in_every_packet_does_not_make_a_part_of_each() {
     let mut g = Gen::new();
     let pictures = 20_000;
     let input = keyframe_per_packet(&mut g, pictures);
-    // 4 s segments of 1 s parts: 8 parts before a segment is crowded, and 20,000 ticks are
+    // 4 s segments of 1 s parts: 12 parts before a segment is crowded, and 20,000 ticks are
     // far less than a part target, so none is cut after.
     let low = Settings {
         target: 4 * CLOCK,
@@ -647,7 +647,7 @@ fn a_keyframe_in_every_packet_does_not_make_a_part_of_each() {
     let (segs, counts) = parts_per_segment(&input, low);
     assert_eq!(segs.len(), 4, "1 MiB each, cut as gaps");
     assert!(
-        counts.iter().all(|&n| n == 8),
+        counts.iter().all(|&n| n == 12),
         "parts per segment: {counts:?}"
     );
     // Every picture is in a segment, each behind its 376 bytes of tables.
@@ -661,7 +661,7 @@ fn a_keyframe_in_every_packet_does_not_make_a_part_of_each() {
 
 #[test]
 fn a_crowded_segment_is_cut_on_the_part_target() {
-    // Only keyframes, 25 a second, 4 s segments of 1 s parts: 7 parts of one picture, then
+    // Only keyframes, 25 a second, 4 s segments of 1 s parts: 11 parts of one picture, then
     // the rest in parts of a second (25 pictures), none longer than the part target.
     let mut g = Gen::new();
     let input = stream(&mut g, 0, 400, 1, false);
@@ -679,7 +679,7 @@ fn a_crowded_segment_is_cut_on_the_part_target() {
             .collect();
         assert_eq!(
             frames,
-            [1, 1, 1, 1, 1, 1, 1, 25, 25, 25, 18],
+            [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 25, 25, 25, 14],
             "segment {}",
             seg.number
         );
