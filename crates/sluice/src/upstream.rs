@@ -102,7 +102,7 @@ struct Metrics {
 #[derive(Clone)]
 pub struct Upstream {
     #[cfg(feature = "upstream-pool")]
-    client: Client<Connector, crate::body::Body>,
+    client: Client<connector::PoolConnector, crate::body::Body>,
     /// The client's own connector, for callers that open non-HTTP connections (RTSP) under
     /// the same address guard and resolver.
     connector: Connector,
@@ -121,6 +121,16 @@ pub struct Upstream {
 impl Upstream {
     /// Builds the client and registers its metrics under `upstream_`.
     pub fn new(config: &UpstreamConfig, registry: &mut Registry) -> anyhow::Result<Self> {
+        Self::build(config, registry, connector::MAX_POOLED_CONNECTIONS)
+    }
+
+    /// [`Upstream::new`] with `pooled_cap` in place of [`connector::MAX_POOLED_CONNECTIONS`]
+    /// (tests use a small one).
+    fn build(
+        config: &UpstreamConfig,
+        registry: &mut Registry,
+        #[cfg_attr(not(feature = "upstream-pool"), allow(unused_variables))] pooled_cap: usize,
+    ) -> anyhow::Result<Self> {
         let metrics = Metrics::default();
         let sub = registry.sub_registry_with_prefix("upstream");
         sub.register(
@@ -181,7 +191,10 @@ impl Upstream {
         }
         Ok(Upstream {
             #[cfg(feature = "upstream-pool")]
-            client: builder.build(connector.clone()),
+            client: builder.build(connector::PoolConnector::with_cap(
+                connector.clone(),
+                pooled_cap,
+            )),
             connector,
             header_timeout: Duration::from_secs(config.header_timeout_secs),
             idle_timeout: Duration::from_secs(config.idle_read_timeout_secs),

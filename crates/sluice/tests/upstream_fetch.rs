@@ -178,8 +178,9 @@ async fn bodies_by_length_chunked_and_close() {
         head,
         format!(
             "GET /length?a=1&b=%20 HTTP/1.1\r\nhost: {}\r\nuser-agent: fetch-test/1\r\n\
-             if-none-match: \"e0\"\r\nconnection: close\r\n\r\n",
-            origin.addr
+             if-none-match: \"e0\"\r\nx-sluice-loop: {}\r\nconnection: close\r\n\r\n",
+            origin.addr,
+            sluice::upstream::guard::loop_mark().to_str().unwrap()
         )
     );
 }
@@ -624,4 +625,42 @@ async fn https_is_verified_and_read() {
         ),
         "{err}"
     );
+}
+
+/// The gateway's fetches carry this process's loop mark on every hop, as the pooled client's
+/// requests do, so a playlist or guide URL that leads back to this sluice is refused there
+/// rather than fetched again; a mark the caller passed (another sluice's) is replaced. Before,
+/// they carried none.
+#[tokio::test]
+async fn fetch_carries_the_loop_mark_on_every_hop() {
+    let other = ScriptedOrigin::start(HashMap::from([(
+        "/final",
+        script(&[b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfinal"]),
+    )]))
+    .await;
+    let to_other = format!(
+        "HTTP/1.1 302 Found\r\nlocation: http://{}/final\r\ncontent-length: 0\r\n\r\n",
+        other.addr
+    );
+    let origin =
+        ScriptedOrigin::start(HashMap::from([("/start", script(&[to_other.as_bytes()]))])).await;
+    let up = client(|_| {});
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "x-sluice-loop",
+        HeaderValue::from_static("0123456789abcdef"),
+    );
+    let got = up
+        .fetch(&origin.url("/start"), headers, 1024)
+        .await
+        .unwrap();
+    assert_eq!((got.status, &got.body[..]), (StatusCode::OK, &b"final"[..]));
+    let mark = sluice::upstream::guard::loop_mark().to_str().unwrap();
+    let field = format!("\r\n{}: {mark}\r\n", sluice::upstream::guard::LOOP_HEADER);
+    let heads = [origin.heads(), other.heads()].concat();
+    assert_eq!(heads.len(), 2);
+    for head in &heads {
+        assert!(head.to_lowercase().contains(&field), "{head}");
+        assert!(!head.contains("0123456789abcdef"), "{head}");
+    }
 }

@@ -1,6 +1,8 @@
 //! Connection setup for the pooled client: DNS, the SSRF guard, the per-host setup limit, outgoing
 //! proxy routes, Happy Eyeballs, TLS with ALPN, and a deadline on the setup itself (not on the
-//! wait for a setup slot, which the request's time-to-headers deadline bounds).
+//! wait for a setup slot, which the request's time-to-headers deadline bounds). The pooled client's
+//! connections are counted over all origins, and those made past [`MAX_POOLED_CONNECTIONS`] serve
+//! their request and close rather than wait in the pool.
 
 use std::collections::HashMap;
 #[cfg(feature = "upstream-pool")]
@@ -9,7 +11,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 #[cfg(feature = "upstream-pool")]
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -71,11 +73,10 @@ struct Inner {
     connect_timeout: Duration,
     max_setups: usize,
     setups: Mutex<HashMap<String, Arc<Semaphore>>>,
-    /// Built on the first `https` connection of each kind: most jobs never need them.
+    /// Built on the first `https` connection of each kind (verified or not, `h2` offered or
+    /// not; see [`tls_kind`]): most jobs never need them.
     #[cfg(feature = "tls")]
-    verified: OnceLock<TlsConnector>,
-    #[cfg(feature = "tls")]
-    unverified: OnceLock<TlsConnector>,
+    tls: [OnceLock<TlsConnector>; 4],
     opened: crate::atomic::Counter,
 }
 
@@ -101,9 +102,7 @@ impl Connector {
                 max_setups,
                 setups: Mutex::new(HashMap::new()),
                 #[cfg(feature = "tls")]
-                verified: OnceLock::new(),
-                #[cfg(feature = "tls")]
-                unverified: OnceLock::new(),
+                tls: Default::default(),
                 opened,
             }),
         }
@@ -128,7 +127,109 @@ impl Connector {
 
     /// A connection to `uri`'s origin (TLS for `https`), set up as for pooled requests.
     pub async fn open(&self, uri: &Uri) -> Result<Conn, ConnectError> {
-        self.inner.connect(uri.clone()).await
+        self.inner.connect(uri.clone(), true).await
+    }
+}
+
+/// Connections of the pooled client, in flight and idle, over all origins, that may be kept for
+/// reuse; one made past it serves its request and closes. hyper-util's pool bounds idle
+/// connections per origin only, and each `/proxy/stream` URL may name an origin of its own
+/// (wildcard DNS, ports), so without it request rate × `upstream.pool_idle_secs` sockets stayed
+/// open. The same bound as the raw pool's idle sockets (`raw::MAX_IDLE_TOTAL`); in flight ones
+/// count too because the connector cannot see which are idle, so past 1,024 concurrent pooled
+/// connections new ones go without keep-alive, no worse than an origin that closes.
+pub const MAX_POOLED_CONNECTIONS: usize = 1024;
+
+/// The pooled client's connector: [`Connector`] with a count of its open connections, each
+/// connection holding its place until it closes.
+#[cfg(feature = "upstream-pool")]
+#[derive(Clone)]
+pub struct PoolConnector {
+    connector: Connector,
+    live: Arc<Live>,
+}
+
+/// The pooled client's open connections (and those being set up) and their bound.
+#[cfg(feature = "upstream-pool")]
+struct Live {
+    count: AtomicUsize,
+    cap: usize,
+}
+
+/// One connection's place in [`Live`], given back when the connection is dropped (closed).
+#[cfg(feature = "upstream-pool")]
+struct Place {
+    live: Arc<Live>,
+    /// Taken past the bound: the connection is not kept for reuse.
+    over: bool,
+}
+
+#[cfg(feature = "upstream-pool")]
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.live.count.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(feature = "upstream-pool")]
+impl PoolConnector {
+    /// `connector` for the pooled client, keeping at most `cap` connections for reuse
+    /// ([`MAX_POOLED_CONNECTIONS`]; tests use a small one).
+    pub(super) fn with_cap(connector: Connector, cap: usize) -> Self {
+        PoolConnector {
+            connector,
+            live: Arc::new(Live {
+                count: AtomicUsize::new(0),
+                cap,
+            }),
+        }
+    }
+}
+
+#[cfg(feature = "upstream-pool")]
+impl tower_service::Service<Uri> for PoolConnector {
+    type Response = TokioIo<PooledConn>;
+    type Error = ConnectError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ConnectError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), ConnectError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let inner = self.connector.inner.clone();
+        // The place is taken before the setup, so setups under way count: a burst of them cannot
+        // all find room.
+        let before = self.live.count.fetch_add(1, Ordering::Relaxed);
+        let place = Place {
+            live: self.live.clone(),
+            over: before >= self.live.cap,
+        };
+        Box::pin(async move {
+            // An HTTP/2 connection is shared and stays in the pool whatever it reports, so one
+            // past the bound speaks HTTP/1.1, which closes after its response.
+            let conn = inner.connect(uri, !place.over).await?;
+            Ok(TokioIo::new(PooledConn { conn, place }))
+        })
+    }
+}
+
+/// A connection of the pooled client, holding its place in the count.
+#[cfg(feature = "upstream-pool")]
+pub struct PooledConn {
+    conn: Conn,
+    place: Place,
+}
+
+#[cfg(feature = "upstream-pool")]
+impl Connection for PooledConn {
+    fn connected(&self) -> Connected {
+        let connected = self.conn.connected();
+        if self.place.over {
+            // Not reused: hyper-util drops it once its response is read, which closes it.
+            connected.poison();
+        }
+        connected
     }
 }
 
@@ -144,12 +245,13 @@ impl tower_service::Service<Uri> for Connector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let inner = self.inner.clone();
-        Box::pin(async move { inner.connect(uri).await.map(TokioIo::new) })
+        Box::pin(async move { inner.connect(uri, true).await.map(TokioIo::new) })
     }
 }
 
 impl Inner {
-    async fn connect(&self, uri: Uri) -> Result<Conn, ConnectError> {
+    /// `h2`: whether TLS may offer HTTP/2 (when `upstream.http2` is on).
+    async fn connect(&self, uri: Uri, h2: bool) -> Result<Conn, ConnectError> {
         let host = uri
             .host()
             .ok_or(ConnectError::NoHost)?
@@ -164,7 +266,8 @@ impl Inner {
         let gate = self.setup_gate(&host, port);
         let secs = self.connect_timeout.as_secs();
         let _permit = gate.acquire().await.expect("semaphore never closed");
-        let conn = tokio::time::timeout(self.connect_timeout, self.establish(&host, port, tls))
+        let setup = self.establish(&host, port, tls, h2);
+        let conn = tokio::time::timeout(self.connect_timeout, setup)
             .await
             .map_err(|_| ConnectError::Timeout {
                 host: host.clone(),
@@ -187,7 +290,13 @@ impl Inner {
             .clone()
     }
 
-    async fn establish(&self, host: &str, port: u16, tls: bool) -> Result<Conn, ConnectError> {
+    async fn establish(
+        &self,
+        host: &str,
+        port: u16,
+        tls: bool,
+        h2: bool,
+    ) -> Result<Conn, ConnectError> {
         let (via, verify) = self.routes.lookup_for(host, port, tls);
         let stream = match &via {
             Via::Direct => {
@@ -253,7 +362,7 @@ impl Inner {
         }
         #[cfg(not(feature = "tls"))]
         {
-            let _ = verify;
+            let _ = (verify, h2);
             Err(ConnectError::Tls {
                 host: host.to_string(),
                 source: io::Error::new(
@@ -263,7 +372,7 @@ impl Inner {
             })
         }
         #[cfg(feature = "tls")]
-        self.tls_handshake(host, stream, verify).await
+        self.tls_handshake(host, stream, verify, h2).await
     }
 
     #[cfg(feature = "tls")]
@@ -272,15 +381,11 @@ impl Inner {
         host: &str,
         stream: TcpStream,
         verify: bool,
+        h2: bool,
     ) -> Result<Conn, ConnectError> {
-        let connector = if verify {
-            &self.verified
-        } else {
-            &self.unverified
-        }
-        .get_or_init(|| {
-            TlsConnector::from(tls::client_config(verify, self.http2, &self.extra_roots))
-        });
+        let h2 = h2 && self.http2;
+        let connector = self.tls[tls_kind(verify, h2)]
+            .get_or_init(|| TlsConnector::from(tls::client_config(verify, h2, &self.extra_roots)));
         let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| {
             ConnectError::Tls {
                 host: host.to_string(),
@@ -396,6 +501,12 @@ impl Inner {
     }
 }
 
+/// The place in `Inner::tls` of the TLS connector that verifies or not and offers `h2` or not.
+#[cfg(feature = "tls")]
+fn tls_kind(verify: bool, h2: bool) -> usize {
+    usize::from(verify) * 2 + usize::from(h2)
+}
+
 async fn proxy_stream(host: &str, proxy: &str) -> Result<TcpStream, ConnectError> {
     TcpStream::connect(proxy)
         .await
@@ -497,6 +608,48 @@ impl AsyncWrite for Conn {
     }
 }
 
+#[cfg(feature = "upstream-pool")]
+impl AsyncRead for PooledConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().conn).poll_read(cx, buf)
+    }
+}
+
+#[cfg(feature = "upstream-pool")]
+impl AsyncWrite for PooledConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().conn).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().conn).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.conn.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().conn).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().conn).poll_shutdown(cx)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -520,5 +673,72 @@ mod tests {
         assert!(Arc::ptr_eq(&gate, &inner.setup_gate("A.Example.", 80)));
         assert!(!Arc::ptr_eq(&gate, &inner.setup_gate("a.example", 81)));
         assert!(!Arc::ptr_eq(&gate, &inner.setup_gate("b.example", 80)));
+    }
+
+    /// A keep-alive origin answering every request with one byte; `open` counts the connections
+    /// it holds (accepted and not yet closed by the client).
+    #[cfg(feature = "upstream-pool")]
+    async fn keep_alive_origin(open: Arc<AtomicUsize>) -> u16 {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                open.fetch_add(1, Ordering::SeqCst);
+                let open = open.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 1024];
+                    loop {
+                        match tokio::io::AsyncReadExt::read(&mut socket, &mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx";
+                            if socket.write_all(answer).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        port
+    }
+
+    /// One request to each of many origins (distinct ports, as distinct names under a wildcard
+    /// would be): the pooled client keeps at most its bound of connections open over all of
+    /// them; those past it serve their request and close. Before, hyper-util's per-origin bound
+    /// was the only one, and every origin's connection stayed for `pool_idle_secs` (12 of 12).
+    #[cfg(feature = "upstream-pool")]
+    #[tokio::test]
+    async fn pooled_connections_are_capped_across_origins() {
+        let config = crate::upstream::UpstreamConfig {
+            allow_private: true,
+            ..Default::default()
+        };
+        let registry = &mut prometheus_client::registry::Registry::default();
+        let upstream = crate::upstream::Upstream::build(&config, registry, 4).unwrap();
+        let open = Arc::new(AtomicUsize::new(0));
+        for _ in 0..12 {
+            let port = keep_alive_origin(open.clone()).await;
+            let url = format!("http://127.0.0.1:{port}/x").parse().unwrap();
+            let resp = upstream
+                .send(crate::upstream::UpstreamRequest::get(url))
+                .await
+                .unwrap();
+            assert_eq!(resp.status, http::StatusCode::OK);
+            let body = resp.body.collect_limited(1024).await.unwrap();
+            assert_eq!(&body[..], b"x");
+        }
+        // Connections past the bound close once their response is read; give them a moment.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        while open.load(Ordering::SeqCst) > 4 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(open.load(Ordering::SeqCst), 4);
     }
 }

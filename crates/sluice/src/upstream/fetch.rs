@@ -101,6 +101,9 @@ impl Upstream {
         limit: usize,
     ) -> Result<Fetched, FetchError> {
         let mut uri = parse_url(url)?;
+        // Kept across redirects, as on the pooled client's requests: a playlist or guide URL
+        // that leads back to this sluice must show it (`guard::LOOP_HEADER`).
+        headers.insert(super::guard::LOOP_HEADER, super::guard::loop_mark().clone());
         let mut redirects = 0;
         loop {
             let host = uri.host().unwrap_or("").to_string();
