@@ -169,6 +169,13 @@ pub(crate) fn claims_of(entries: &[(String, Value)]) -> Result<TokenClaims, Toke
     claims::parse(python::dumps_object(entries).as_bytes())
 }
 
+/// The bytes a MediaFlow token's text stands for. Its decoding is lenient (either alphabet,
+/// `=` padding or none, trailing bits ignored), so one token has many spellings; whatever counts
+/// per token keys on these bytes, not on the text.
+pub fn token_bytes(token: &str) -> Result<Vec<u8>, TokenError> {
+    decode_base64(token)
+}
+
 /// Splits `/_token_<T>/proxy/stream` into (`<T>`, `/proxy/stream`). The rest is empty when
 /// nothing follows the token; `None` when the path carries no token.
 pub fn split_path_token(path: &str) -> Option<(&str, &str)> {

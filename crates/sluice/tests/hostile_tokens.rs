@@ -474,6 +474,69 @@ async fn a_playlist_entry_token_cannot_walk_out_of_its_rtsp_path() {
     );
 }
 
+/// A playlist entry's token opens that entry's URL alone: not a path below it on the same RTSP
+/// server (`/live` opening `/live/other`), and an entry that is only a host (`rtsp://h:p/`) or only
+/// the family (`udp://@`) opens none of the channels under it. Refused before anything connects.
+#[tokio::test]
+async fn a_playlist_entry_token_opens_no_other_path_on_its_host() {
+    let rtsp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = rtsp.local_addr().unwrap().port();
+    let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = connections.clone();
+    tokio::spawn(async move {
+        // Takes each connection and drops it: the gateway answers 502.
+        while let Ok((stream, _)) = rtsp.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(stream);
+        }
+    });
+    let mut m3u = tempfile::NamedTempFile::new().unwrap();
+    write!(
+        m3u,
+        "#EXTM3U\n#EXTINF:-1,One\nrtsp://127.0.0.1:{port}/live\n\
+         #EXTINF:-1,Root\nrtsp://127.0.0.1:{port}/\n#EXTINF:-1,Any\nudp://@\n"
+    )
+    .unwrap();
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.iptv.playlist = Some(m3u.path().to_str().unwrap().to_string());
+    config.iptv.interface = Some("lo".into());
+    config.iptv.no_data_timeout_ms = 200;
+    let s = Sluice::start(config).await;
+    let want = reference(&s).await;
+    let r = get(&s.url(&format!("/playlist.m3u?api_password={PW}"))).await;
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let entries: Vec<&str> = text.lines().filter(|l| l.starts_with("http://")).collect();
+    assert_eq!(entries.len(), 3, "{text}");
+    let (base, live, path) = split_token(entries[0]);
+    assert_eq!(path, format!("rtsp/127.0.0.1:{port}/live"));
+    let (_, root, path) = split_token(entries[1]);
+    assert_eq!(path, format!("rtsp/127.0.0.1:{port}/"));
+    let (_, family, path) = split_token(entries[2]);
+    assert_eq!(path, "udp/");
+    // The entries themselves are authorized: they reach the RTSP server (which hangs up).
+    assert_eq!(get(entries[0]).await.status, 502);
+    assert_eq!(get(entries[1]).await.status, 502);
+    let before = connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(before >= 2);
+    for attack in [
+        format!("{base}/_token_{live}/rtsp/127.0.0.1:{port}/live/other"),
+        format!("{base}/_token_{live}/rtsp/127.0.0.1:{port}/live/"),
+        format!("{base}/rtsp/127.0.0.1:{port}/live/other?token={live}"),
+        format!("{base}/_token_{root}/rtsp/127.0.0.1:{port}/vod/x"),
+        format!("{base}/_token_{root}/rtsp/127.0.0.1:{port}/live"),
+        format!("{base}/_token_{family}/udp/239.1.2.3:5000"),
+        format!("{base}/_token_{family}/udp/239.1.2.3:5000?fcc=127.0.0.1:{port}"),
+    ] {
+        assert_eq!(observe(&attack).await, want, "{attack}");
+    }
+    assert_eq!(
+        connections.load(std::sync::atomic::Ordering::SeqCst),
+        before,
+        "an attack reached the RTSP server"
+    );
+}
+
 /// `POST /generate_url` with this server's password; the URL it answers.
 async fn generated(s: &Sluice, endpoint: &str, d: &str) -> String {
     let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())

@@ -1055,3 +1055,162 @@ async fn a_clients_addresses_in_one_64_hold_one_share() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.body.as_ref().unwrap().len(), BIG_LEN);
 }
+
+/// A MediaFlow token stands for the API password on XC paths, yet what it is traded for there
+/// keeps its limits: the username token in the login answer, in the stream lists and in the M3U,
+/// and the HLS redirect's token, all open only from the MediaFlow token's address and stop at its
+/// expiry. Unbounded, a token meant to last minutes bought a lasting credential for any host.
+#[tokio::test]
+async fn a_short_lived_mediaflow_token_cannot_be_traded_for_a_lasting_username() {
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    c.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    let s = Sluice::start(c).await;
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let exp = now() + 6;
+    let mf = sluice_media::token::TokenKey::new(API_PW).encrypt(
+        &[("api_password".to_string(), API_PW.to_string())],
+        Some(exp),
+        Some("127.0.0.1"),
+        [7; 16],
+    );
+    // No password in the username: the MediaFlow token proves it.
+    let user = b64(&format!("http://{}:{XC_USER}:", p.addr));
+    let r = get(&s.url(&format!(
+        "/_token_{mf}/player_api.php?username={user}&password={XC_PASS}"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let v: Value = serde_json::from_str(&text(&r)).unwrap();
+    let traded = v["user_info"]["username"].as_str().unwrap().to_string();
+    let r = get(&s.url(&format!(
+        "/_token_{mf}/get.php?username={user}&password={XC_PASS}&type=m3u_plus"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let m3u = text(&r);
+    let entry = m3u.lines().find(|l| l.contains("/live/")).unwrap();
+    let entry = entry.strip_prefix(&s.url("")).unwrap().to_string();
+    let r = get(&s.url(&format!("/_token_{mf}/live/{user}/{XC_PASS}/101.m3u8"))).await;
+    assert_eq!(r.status, StatusCode::FOUND);
+    let hls = r.headers["location"].to_str().unwrap().to_string();
+    let hls = hls.strip_prefix(&s.url("")).unwrap().to_string();
+    let categories = |user: &str| {
+        format!("/player_api.php?username={user}&password={XC_PASS}&action=get_live_categories")
+    };
+    // A traded username traded again (the stream list's) stays inside the same limits.
+    let r = get(&s.url(&format!(
+        "/player_api.php?username={traded}&password={XC_PASS}&action=get_live_streams"
+    )))
+    .await;
+    let v: Value = serde_json::from_str(&text(&r)).unwrap();
+    let direct = v[0]["direct_source"].as_str().unwrap();
+    let listed = direct.split('/').nth(4).unwrap().to_string();
+    // While the MediaFlow token lasts, from its address, everything it was traded for works.
+    let fetch = |path: String, from: Option<&'static str>| {
+        let url = s.url(&path);
+        async move {
+            match from {
+                Some(ip) => request("GET", &url, &[("x-forwarded-for", ip)]).await,
+                None => get(&url).await,
+            }
+        }
+    };
+    let paths = [categories(&traded), categories(&listed), entry, hls];
+    let ok = [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::OK,
+        // The panel has no `101.m3u8`: its 404 comes back through the HLS proxy.
+        StatusCode::NOT_FOUND,
+    ];
+    for (path, want) in paths.iter().zip(ok) {
+        assert_eq!(fetch(path.clone(), None).await.status, want, "{path}");
+    }
+    // Refused as each refuses a token: the XC proxy's one 403, the token gate's one 401.
+    let refused = [
+        StatusCode::FORBIDDEN,
+        StatusCode::FORBIDDEN,
+        StatusCode::FORBIDDEN,
+        StatusCode::UNAUTHORIZED,
+    ];
+    // From another address: refused.
+    for (path, want) in paths.iter().zip(refused) {
+        let r = fetch(path.clone(), Some("10.9.9.9")).await;
+        assert_eq!(r.status, want, "{path}");
+    }
+    // Past the MediaFlow token's expiry: refused, from its own address too.
+    assert!(now() <= exp, "the checks above outlasted the token");
+    while now() <= exp {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    for (path, want) in paths.iter().zip(refused) {
+        let r = fetch(path.clone(), None).await;
+        assert_eq!(r.status, want, "{path}");
+    }
+}
+
+/// A MediaFlow token decodes leniently (`=` padding or none, either base64 alphabet), so one
+/// token has many spellings: its in-flight share is counted by what it decodes to, and a holder
+/// at `media.max_requests_per_token` gets no fresh share by padding it.
+#[tokio::test]
+async fn a_mediaflow_token_respelled_holds_the_same_share() {
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    c.media.max_requests_per_token = 2;
+    c.media.max_requests_per_client = 10;
+    let s = Sluice::start(c).await;
+    let key = sluice_media::token::TokenKey::new(API_PW);
+    // A token whose text needs padding, so `=` respells it.
+    let mf = (0..3)
+        .map(|n| {
+            let params = [
+                ("api_password".to_string(), API_PW.to_string()),
+                ("pad".to_string(), "x".repeat(16 * n)),
+            ];
+            key.encrypt(&params, None, None, [7; 16])
+        })
+        .find(|t| t.len() % 4 != 0)
+        .unwrap();
+    let padded = format!("{mf}{}", "=".repeat(4 - mf.len() % 4));
+    let user = b64(&format!("http://{}:{XC_USER}:", p.addr));
+    let held_url = s.url(&format!("/_token_{mf}/live/{user}/{XC_PASS}/999.ts"));
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let url = held_url.clone();
+            tokio::spawn(async move { get(&url).await })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|q| *q == HELD_STREAM)
+        .count()
+        < 2
+    {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let live = |t: &str| s.url(&format!("/_token_{t}/live/{user}/{XC_PASS}/101.ts"));
+    for t in [&mf, &padded] {
+        let r = get(&live(t)).await;
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{t}");
+    }
+    for h in held {
+        assert_eq!(h.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
+    }
+    // Once the held ones end, either spelling streams.
+    let r = get(&live(&padded)).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+}

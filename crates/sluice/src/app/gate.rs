@@ -59,7 +59,18 @@ impl App {
                     })
                     .unwrap_or_default(),
             };
-            let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(raw.as_bytes()).into();
+            // A MediaFlow token decodes leniently, so each of its spellings would get its own
+            // share: it counts by what it decodes to (tagged apart from a text). A sealed token
+            // has one spelling.
+            let decoded = match sluice_media::token::sealed::is_sealed(&raw) {
+                true => None,
+                false => sluice_media::token::token_bytes(&raw).ok(),
+            };
+            let bytes = match decoded {
+                Some(decoded) => [b"m".as_slice(), &decoded].concat(),
+                None => [b"t".as_slice(), raw.as_bytes()].concat(),
+            };
+            let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&bytes).into();
             places.push(
                 self.in_flight
                     .1

@@ -43,6 +43,17 @@ pub fn is_catchup_param(name: &str, seek_params: &[String]) -> bool {
 /// Path prefixes an IPTV playlist entry token opens.
 pub const CHANNEL_SCOPE: [&str; 3] = ["/rtp/", "/udp/", "/rtsp/"];
 
+/// Starts a scope entry that opens its path alone (see [`exact_scope`]). No path starts with it,
+/// so a node that predates it opens nothing with such an entry.
+const EXACT: char = '=';
+
+/// The scope entry that opens `path` and nothing else: not the paths below it (`/rtsp/h/live`
+/// would open `/rtsp/h/live/other` as a plain entry), nor, for a path ending in `/`, the whole
+/// family under it (`/rtsp/h/` or `/udp/`). A playlist entry is sealed to its own URL this way.
+pub fn exact_scope(path: &str) -> String {
+    format!("{EXACT}{path}")
+}
+
 pub use crate::request::TokenScope;
 
 /// A token that opened: what it grants and the params the request is served with.
@@ -358,8 +369,11 @@ pub fn is_normal_path(path: &str) -> bool {
 /// Whether a token scope entry opens `path`: one ending in `/` opens everything under it (an
 /// endpoint family, `/proxy/hls/`); any other opens that path alone and what lies below it
 /// (`/proxy/stream` and `/proxy/stream/name.mp4`), so a playlist entry's `/udp/G:P` does not
-/// open `/udp/G:P0` or another group.
+/// open `/udp/G:P0` or another group. An [`exact_scope`] entry opens its path alone.
 fn opens(scope: &str, path: &str) -> bool {
+    if let Some(exact) = scope.strip_prefix(EXACT) {
+        return path == exact;
+    }
     if scope.ends_with('/') {
         return path.starts_with(scope);
     }
@@ -588,6 +602,24 @@ mod tests {
         // Without a password there is no gate, and a first password derives one.
         assert!(TokenGate::reloaded(&config("", false, 100), Some(&kept)).is_none());
         assert!(TokenGate::reloaded(&config("pw", false, 100), None).is_some());
+    }
+
+    #[test]
+    fn an_exact_scope_opens_its_path_alone_and_older_scopes_open_what_they_did() {
+        for (path, scope) in [
+            ("/rtsp/h:554/live", "/rtsp/h:554/live/other"),
+            ("/rtsp/h/", "/rtsp/h/any/path"),
+            ("/udp/", "/udp/239.1.1.1:5000"),
+            ("/udp/239.1.1.1:5000", "/udp/239.1.1.1:5000/x"),
+        ] {
+            let exact = exact_scope(path);
+            assert!(opens(&exact, path), "{exact} opens {path}");
+            assert!(!opens(&exact, scope), "{exact} opens {scope}");
+            assert!(!opens(&exact, &format!("{path}x")), "{exact}");
+            // Tokens minted before keep their prefix meaning.
+            assert!(opens(path, scope), "{path} opens {scope}");
+        }
+        assert!(!opens("/proxy/stream", "/proxy/streamx"));
     }
 
     #[test]

@@ -22,8 +22,10 @@ const FETCH_TIMEOUT: Duration = Duration::from_secs(15);
 /// Attribute names players read the guide URL from, in the `#EXTM3U` header line.
 const EPG_ATTRIBUTES: [&str; 2] = ["x-tvg-url", "url-tvg"];
 
-/// Seals one entry: its gateway path (`/udp/G:P`) and the query params it fixes, to the path
-/// prefix (`/_token_<T>`) whose token opens that entry alone.
+/// Seals one entry: the scope its token opens (an entry's [`exact_scope`] of its gateway path,
+/// `/udp/G:P`) and the query params it fixes, to the path prefix (`/_token_<T>`) carrying it.
+///
+/// [`exact_scope`]: crate::auth::token::exact_scope
 pub type Seal = Arc<SealFn>;
 
 /// What a [`Seal`] calls.
@@ -211,7 +213,9 @@ fn gateway_url(base: &str, kind: &str, rest: &str, seal: Option<&Sealer>) -> Str
         }
     }
     let params = sluice_media::query::Query::parse(&fixed).pairs().to_vec();
-    let prefix = seal(&path, &params);
+    // The entry's path alone: as a plain scope, `/rtsp/h/live` would open every path below it
+    // on that host, and an entry that is only a family (`rtsp://h/`, `udp://@`) all of it.
+    let prefix = seal(&crate::auth::token::exact_scope(&path), &params);
     match kept.is_empty() {
         true => format!("{base}{prefix}{path}"),
         false => format!("{base}{prefix}{path}?{}", kept.join("&")),
@@ -450,9 +454,9 @@ udp://@239.1.1.1:5000?fcc=10.0.0.1:8027\n\
 rtsp://h/c\n";
         let out = rewrite_playlist(input, "http://gw", None, None, Some(&seal), &[]);
         let want = "#EXTM3U\n\
-#EXTINF:-1 catchup-source=\"http://gw/_token_[/rtsp/h/c|x=1]/rtsp/h/c?tvdr={utc}\",A\n\
-http://gw/_token_[/udp/239.1.1.1:5000|fcc=10.0.0.1:8027]/udp/239.1.1.1:5000\n\
-http://gw/_token_[/rtsp/h/c|]/rtsp/h/c\n";
+#EXTINF:-1 catchup-source=\"http://gw/_token_[=/rtsp/h/c|x=1]/rtsp/h/c?tvdr={utc}\",A\n\
+http://gw/_token_[=/udp/239.1.1.1:5000|fcc=10.0.0.1:8027]/udp/239.1.1.1:5000\n\
+http://gw/_token_[=/rtsp/h/c|]/rtsp/h/c\n";
         assert_eq!(out, want);
     }
 
@@ -471,9 +475,9 @@ udp://@239.1.1.1:5000?starttime=1\n";
         let seek = ["starttime".to_string()];
         let out = rewrite_playlist(input, "http://gw", None, None, Some(&seal), &seek);
         let want = "#EXTM3U\n\
-#EXTINF:-1 catchup-source=\"http://gw/_token_[/rtsp/h/c|id=7]/rtsp/h/c?starttime=${(b)yyyyMMddHHmmss}\",A\n\
-http://gw/_token_[/rtsp/h/c|id=7]/rtsp/h/c\n\
-http://gw/_token_[/udp/239.1.1.1:5000|starttime=1]/udp/239.1.1.1:5000\n";
+#EXTINF:-1 catchup-source=\"http://gw/_token_[=/rtsp/h/c|id=7]/rtsp/h/c?starttime=${(b)yyyyMMddHHmmss}\",A\n\
+http://gw/_token_[=/rtsp/h/c|id=7]/rtsp/h/c\n\
+http://gw/_token_[=/udp/239.1.1.1:5000|starttime=1]/udp/239.1.1.1:5000\n";
         assert_eq!(out, want);
     }
 }

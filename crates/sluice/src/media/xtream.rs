@@ -27,7 +27,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use url::Url;
 
 use super::{cpu, stream};
-use crate::auth::token;
+use crate::auth::token::{self, TokenScope};
 use crate::auth::Keys;
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
@@ -86,6 +86,10 @@ struct Resolved {
     /// `scheme://host[:port][/path]`, no trailing slash.
     server: String,
     user: String,
+    /// The limits of the credential it came with (a sealed username's own, or the request's
+    /// MediaFlow token's): every token minted for it inherits their expiry and address binding,
+    /// so a short-lived or address-bound credential cannot be traded for a lasting one.
+    limit: Option<TokenScope>,
 }
 
 impl Xtream {
@@ -151,7 +155,7 @@ impl Xtream {
             XcPath::Stream { user, .. } => {
                 let account = self.resolve(user, ctx, password_ok)?;
                 let url = upstream_url(&account.server, &path.upstream_path(&account.user), ctx)?;
-                self.stream(req, ctx, url).await
+                self.stream(req, ctx, url, account.limit.as_ref()).await
             }
             XcPath::HlsSession { .. } => {
                 if !password_ok(ctx.query.get("api_password")) {
@@ -165,7 +169,7 @@ impl Xtream {
                         bad("missing or bad `upstream` (base64 of the XC server URL)")
                     })?;
                 let url = upstream_url(server.trim_end_matches('/'), &path.upstream_path(""), ctx)?;
-                Ok(self.to_hls(ctx, url))
+                Ok(self.to_hls(ctx, url, ctx.token.as_ref()))
             }
         }
     }
@@ -194,7 +198,11 @@ impl Xtream {
                     .map(|(_, v)| v.clone())
             };
             return match (param(SERVER_PARAM), param(USER_PARAM)) {
-                (Some(server), Some(user)) => Ok(Resolved { server, user }),
+                (Some(server), Some(user)) => Ok(Resolved {
+                    server,
+                    user,
+                    limit: Some(opened.scope),
+                }),
                 _ => Err(refusal()),
             };
         }
@@ -202,14 +210,18 @@ impl Xtream {
         if !password_ok(account.api_password.as_deref()) {
             return Err(refusal());
         }
+        // The password may have been proved by the request's MediaFlow token, whose expiry and
+        // address binding then bound everything minted here.
         Ok(Resolved {
             server: account.server,
             user: account.username,
+            limit: ctx.token.clone(),
         })
     }
 
     /// The username written into everything sent back: a sealed XC-only token, or (with no
-    /// server password to protect) MediaFlow's base64 form without a password.
+    /// server password to protect) MediaFlow's base64 form without a password. The token keeps
+    /// the expiry and address binding of the credential the request came with.
     fn public_user(&self, account: &Resolved) -> String {
         match &self.keys.tokens() {
             Some(gate) => gate.mint(
@@ -218,7 +230,7 @@ impl Xtream {
                     (USER_PARAM.to_string(), account.user.clone()),
                 ],
                 &[XC_SCOPE],
-                None,
+                account.limit.as_ref(),
                 false,
                 token::now(),
             ),
@@ -244,7 +256,7 @@ impl Xtream {
         url.query_pairs_mut().extend_pairs(pairs);
         match api {
             // Streams and EPGs go straight through: nothing in them names the provider's users.
-            Api::Xmltv | Api::Timeshift => self.stream(req, ctx, url).await,
+            Api::Xmltv | Api::Timeshift => self.stream(req, ctx, url, account.limit.as_ref()).await,
             Api::Player | Api::Panel | Api::Playlist => {
                 self.rewritten(ctx, api, account, url).await
             }
@@ -325,10 +337,11 @@ impl Xtream {
         req: &Request<Incoming>,
         ctx: &RequestContext,
         url: Url,
+        limit: Option<&TokenScope>,
     ) -> Result<Response<Body>, ProxyError> {
         let ext = xtream::extension(url.path()).unwrap_or_default();
         if ext == "m3u8" || ext == "m3u" {
-            return Ok(self.to_hls(ctx, url));
+            return Ok(self.to_hls(ctx, url, limit));
         }
         let params =
             ProxyParams::from_query(&Query::from_pairs(vec![("d".to_string(), url.to_string())]))
@@ -337,13 +350,14 @@ impl Xtream {
     }
 
     /// A redirect to `/proxy/hls/manifest.m3u8` for `url`, under a sealed token scoped to the HLS
-    /// endpoints when there is a password (never the password itself).
-    fn to_hls(&self, ctx: &RequestContext, url: Url) -> Response<Body> {
+    /// endpoints when there is a password (never the password itself), within `limit` (the
+    /// expiry and address binding of the credential the request came with).
+    fn to_hls(&self, ctx: &RequestContext, url: Url, limit: Option<&TokenScope>) -> Response<Body> {
         let params = vec![("d".to_string(), url.to_string())];
         let origin = public_origin(ctx);
         let location = match &self.keys.tokens() {
             Some(gate) => {
-                let t = gate.mint(&params, &["/proxy/hls/"], None, true, token::now());
+                let t = gate.mint(&params, &["/proxy/hls/"], limit, true, token::now());
                 format!("{origin}/_token_{t}/proxy/hls/manifest.m3u8")
             }
             None => format!(
