@@ -24,7 +24,23 @@ pub enum GzipError {
     Trailer,
     #[error("decompressed data is larger than {0} bytes")]
     TooLarge(usize),
+    #[error("gzip data has more than {0} members")]
+    TooManyMembers(usize),
 }
+
+/// Most members one stream may have. Each costs a reset of the inflate state (zeroing its 32 KiB
+/// window) and a fresh output buffer whatever its size, so a source of 20-byte empty members
+/// would cost a terabyte of memory writes per 256 MiB; a real guide has one member, or a few when
+/// files were concatenated.
+pub const MAX_MEMBERS: usize = 1024;
+
+/// Input [`Inflater::next_chunk`] may work through (a member's start counting as
+/// [`MEMBER_WORK`]) before it returns, even with no output: one call, one poll of the body it
+/// feeds, stays short.
+const WORK_PER_CHUNK: usize = 1024 * 1024;
+
+/// What starting a member counts for against [`WORK_PER_CHUNK`]: its reset and output buffer.
+const MEMBER_WORK: usize = 64 * 1024;
 
 const MAGIC: [u8; 3] = [0x1f, 0x8b, 8];
 const FHCRC: u8 = 0x02;
@@ -78,12 +94,13 @@ pub fn compress(data: &[u8], level: u8) -> Vec<u8> {
 }
 
 /// Every member of `data` decompressed and concatenated (as `gzip -d` does), refusing more
-/// than `max` bytes of output. Each member's CRC-32 and length are checked.
+/// than `max` bytes of output or more than [`MAX_MEMBERS`] members. Each member's CRC-32 and
+/// length are checked.
 pub fn decompress(data: &[u8], max: usize) -> Result<Vec<u8>, GzipError> {
     let mut out = Vec::new();
     let mut rest = data;
     let mut state = InflateState::new_boxed(DataFormat::Raw);
-    loop {
+    for _ in 0..MAX_MEMBERS {
         let body = member_body(rest)?;
         state.reset(DataFormat::Raw);
         let start = out.len();
@@ -100,6 +117,7 @@ pub fn decompress(data: &[u8], max: usize) -> Result<Vec<u8>, GzipError> {
             return Ok(out);
         }
     }
+    Err(GzipError::TooManyMembers(MAX_MEMBERS))
 }
 
 /// Decompresses gzip data a chunk at a time, every member in turn, with the same checks as
@@ -112,6 +130,8 @@ pub struct Inflater<D> {
     state: Box<InflateState>,
     /// Inside a member's deflate data (its header read), and the CRC-32 and length so far.
     member: Option<(u32, u32)>,
+    /// Members started so far.
+    members: usize,
     written: usize,
     max: usize,
     /// The last member ended, or an error was returned: nothing follows.
@@ -126,45 +146,62 @@ impl<D: AsRef<[u8]>> Inflater<D> {
             pos: 0,
             state: InflateState::new_boxed(DataFormat::Raw),
             member: None,
+            members: 0,
             written: 0,
             max,
             done: false,
         }
     }
 
-    /// The next at most `chunk` (at least 1) bytes of output; `None` after the last member.
+    /// The next at most `chunk` (at least 1) bytes of output; `None` after the last member. A
+    /// chunk may be empty when about 1 MiB of input (empty members included) gave no output: the
+    /// call returns rather than work through the whole input at once.
     pub fn next_chunk(&mut self, chunk: usize) -> Option<Result<Vec<u8>, GzipError>> {
+        if self.done {
+            return None;
+        }
+        // One byte past the limit, so that reaching it exactly is told apart from exceeding it.
+        let room = (self.max + 1)
+            .saturating_sub(self.written)
+            .min(chunk.max(1));
+        if room == 0 {
+            return Some(Err(self.fail(GzipError::TooLarge(self.max))));
+        }
+        // One buffer per call, not per member: an empty member costs no fresh 64 KiB.
+        let mut out = vec![0; room];
+        let mut work = 0;
         loop {
-            if self.done {
-                return None;
-            }
             let data = self.data.as_ref();
             if self.member.is_none() {
+                if self.members == MAX_MEMBERS {
+                    return Some(Err(self.fail(GzipError::TooManyMembers(MAX_MEMBERS))));
+                }
                 let body = match member_body(&data[self.pos..]) {
                     Ok(body) => body,
                     Err(e) => return Some(Err(self.fail(e))),
                 };
+                work += data.len() - self.pos - body.len() + MEMBER_WORK;
                 self.pos = data.len() - body.len();
                 self.state.reset(DataFormat::Raw);
                 self.member = Some((0, 0));
+                self.members += 1;
             }
-            // One byte past the limit, so that reaching it exactly is told apart from exceeding it.
-            let room = (self.max + 1)
-                .saturating_sub(self.written)
-                .min(chunk.max(1));
-            if room == 0 {
-                return Some(Err(self.fail(GzipError::TooLarge(self.max))));
-            }
-            let mut out = vec![0; room];
-            let r = inflate(&mut self.state, &data[self.pos..], &mut out, MZFlush::None);
+            let end = data.len().min(self.pos + WORK_PER_CHUNK);
+            let r = inflate(
+                &mut self.state,
+                &data[self.pos..end],
+                &mut out,
+                MZFlush::None,
+            );
             self.pos += r.bytes_consumed;
-            out.truncate(r.bytes_written);
-            self.written += out.len();
+            work += r.bytes_consumed;
+            let wrote = &out[..r.bytes_written];
+            self.written += wrote.len();
             if self.written > self.max {
                 return Some(Err(self.fail(GzipError::TooLarge(self.max))));
             }
             let (crc, len) = self.member.unwrap_or_default();
-            let (crc, len) = (crc32(crc, &out), len.wrapping_add(out.len() as u32));
+            let (crc, len) = (crc32(crc, wrote), len.wrapping_add(wrote.len() as u32));
             self.member = Some((crc, len));
             match r.status {
                 Ok(MZStatus::StreamEnd) => {
@@ -178,6 +215,7 @@ impl<D: AsRef<[u8]>> Inflater<D> {
                         return Some(Err(self.fail(GzipError::Trailer)));
                     }
                     self.pos += 8;
+                    work += 8;
                     self.member = None;
                     self.done = self.pos == data.len();
                 }
@@ -185,8 +223,12 @@ impl<D: AsRef<[u8]>> Inflater<D> {
                 Ok(_) | Err(MZError::Buf) => return Some(Err(self.fail(GzipError::Truncated))),
                 Err(_) => return Some(Err(self.fail(GzipError::Corrupt))),
             }
-            if !out.is_empty() {
+            if r.bytes_written > 0 || work >= WORK_PER_CHUNK {
+                out.truncate(r.bytes_written);
                 return Some(Ok(out));
+            }
+            if self.done {
+                return None;
             }
         }
     }

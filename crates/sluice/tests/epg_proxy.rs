@@ -1,7 +1,7 @@
 //! `/proxy/epg` against a local guide source: the guide's bytes, `X-EPG-Cache` MISS then HIT,
 //! `cache_ttl`, one cache entry per set of `h_*` headers, gzip sources and gzip answers,
-//! conditional GETs, concurrent misses sharing one fetch, slow readers of a large guide, and
-//! the errors.
+//! conditional GETs, concurrent misses sharing one fetch, slow readers of a large guide, the
+//! memory fetches in flight share, and the errors.
 
 mod counting_alloc;
 mod guide_readers;
@@ -16,9 +16,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use counting_alloc::LIVE;
+use futures_util::StreamExt;
 use guide_readers::{big_xmltv, rest_of_body};
 use http::{Request, Response};
-use http_body_util::{BodyExt, Full};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -43,24 +45,31 @@ fn big_guide() -> &'static (Vec<u8>, [u8; 32], usize) {
 }
 
 /// A guide source counting its fetches: `/guide.xml`, `/guide.xml.gz` (gzip), `/big.xml.gz`
-/// (an 8 MB guide, gzip), `/slow.xml` (answers after 200 ms), `/page.html` (an HTML page),
-/// anything else 404.
+/// (an 8 MB guide, gzip), `/slow.xml` (answers after 200 ms), `/hold.xml` (a guide of
+/// [`HOLD`] bytes whose last 5 wait for `release`), `/page.html` (an HTML page), anything else 404.
 struct Source {
     addr: SocketAddr,
     hits: Arc<AtomicUsize>,
+    release: tokio::sync::watch::Sender<bool>,
 }
+
+/// The `/hold.xml` guide's size.
+const HOLD: usize = 64 * 1024;
 
 async fn source() -> Source {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let hits = Arc::new(AtomicUsize::new(0));
     let counter = hits.clone();
+    let (release, released) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let counter = counter.clone();
+            let released = released.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |req: Request<Incoming>| {
                     let counter = counter.clone();
+                    let mut released = released.clone();
                     async move {
                         counter.fetch_add(1, Ordering::SeqCst);
                         let full =
@@ -82,6 +91,18 @@ async fn source() -> Source {
                                 tokio::time::sleep(Duration::from_millis(200)).await;
                                 Response::builder().body(full(Bytes::from(XMLTV)))
                             }
+                            "/hold.xml" => {
+                                let head = format!("<tv>{}", " ".repeat(HOLD - 9));
+                                let tail = async move {
+                                    let _ = released.wait_for(|r| *r).await;
+                                    Ok(Frame::data(Bytes::from_static(b"</tv>")))
+                                };
+                                let frames = futures_util::stream::once(async move {
+                                    Ok::<_, std::io::Error>(Frame::data(Bytes::from(head)))
+                                })
+                                .chain(futures_util::stream::once(tail));
+                                Response::builder().body(BodyExt::boxed(StreamBody::new(frames)))
+                            }
                             "/page.html" => Response::builder()
                                 .header("content-type", "text/html")
                                 .body(full(Bytes::from("<html><body>login</body></html>"))),
@@ -96,7 +117,11 @@ async fn source() -> Source {
             });
         }
     });
-    Source { addr, hits }
+    Source {
+        addr,
+        hits,
+        release,
+    }
 }
 
 fn epg(s: &Sluice, src: &Source, path: &str, extra: &str) -> String {
@@ -198,6 +223,59 @@ async fn errors_are_clear_and_not_cached() {
     assert_eq!(r.status, 400);
     let r = request("POST", &epg(&s, &src, "/guide.xml", ""), &[]).await;
     assert_eq!(r.status, 405);
+}
+
+/// Fetches of different guides share 4 × `max_bytes` for their bodies (`FETCH_GUIDES`): before,
+/// each miss with its own URL held up to `max_bytes` (256 MiB) with no bound on how many (64
+/// requests, 16 GiB). Past the budget a fetch is a 503 with Retry-After; the budget is given back
+/// once the guides are checked.
+#[tokio::test]
+async fn guide_fetches_in_flight_share_a_memory_budget() {
+    let src = source().await;
+    let mut config = test_config();
+    config.auth.api_password = "pw".into();
+    config.media.epg.max_bytes = HOLD;
+    let s = Sluice::start(config).await;
+    // Four bodies of `max_bytes` arrive all but their last bytes, and wait there.
+    let held: Vec<_> = (0..4)
+        .map(|i| tokio::spawn(get_owned(epg(&s, &src, &format!("/hold.xml?n={i}"), ""))))
+        .collect();
+    for _ in 0..100 {
+        if src.hits.load(Ordering::SeqCst) == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(src.hits.load(Ordering::SeqCst), 4);
+    // Another guide (fetched every time, never kept) finds no room for even its first KiB once
+    // their bodies have arrived.
+    let small = epg(&s, &src, "/guide.xml", "&cache_ttl=0");
+    let mut r = get(&small).await;
+    for _ in 0..50 {
+        if r.status == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        r = get(&small).await;
+    }
+    assert_eq!(r.status, 503);
+    assert_eq!(r.headers["retry-after"], "1");
+    let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert!(body.contains("media.epg.max_bytes"), "{body}");
+    // Once the held guides end and are checked, their memory is given back.
+    src.release.send(true).unwrap();
+    for h in held {
+        let r = h.await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.unwrap().len(), HOLD);
+    }
+    let r = get(&small).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), Bytes::from(XMLTV));
+}
+
+async fn get_owned(url: String) -> Reply {
+    get(&url).await
 }
 
 /// Clients that take no gzip and read slowly hold no copy of the guide each. Before, every such

@@ -120,7 +120,8 @@ fn inflate_in_chunks(data: &[u8], max: usize, chunk: usize) -> Result<Vec<u8>, G
     let mut out = Vec::new();
     while let Some(piece) = inflater.next_chunk(chunk) {
         let piece = piece?;
-        assert!(!piece.is_empty() && piece.len() <= chunk);
+        // Empty only when a call worked through its share of input without output.
+        assert!(piece.len() <= chunk);
         out.extend_from_slice(&piece);
     }
     assert!(
@@ -150,6 +151,55 @@ fn the_inflater_agrees_with_decompress() {
             );
         }
     }
+}
+
+/// `members` gzip members, each the text from `text(i)`, one after another.
+fn members(count: usize, text: impl Fn(usize) -> Vec<u8>) -> Vec<u8> {
+    (0..count).flat_map(|i| compress(&text(i), 1)).collect()
+}
+
+#[test]
+fn many_members_are_refused_and_as_many_as_allowed_inflate_exactly() {
+    // One real member and then empty ones (20 bytes each): every member costs a reset and an
+    // output buffer, so millions of them would stall the reader for tens of seconds.
+    let mut hostile = compress(b"<tv></tv>", 6);
+    hostile.extend(members(MAX_MEMBERS, |_| Vec::new()));
+    assert_eq!(compress(&[], 1).len(), 20);
+    let refused = Err(GzipError::TooManyMembers(MAX_MEMBERS));
+    assert_eq!(decompress(&hostile, 1 << 20), refused);
+    assert_eq!(inflate_in_chunks(&hostile, 1 << 20, 64 * 1024), refused);
+
+    // Exactly the allowed number, each with its own text, comes out byte for byte.
+    let text = |i: usize| format!("<m{i}/>").into_bytes();
+    let allowed = members(MAX_MEMBERS, text);
+    let want: Vec<u8> = (0..MAX_MEMBERS).flat_map(text).collect();
+    assert_eq!(decompress(&allowed, want.len()).unwrap(), want);
+    for chunk in [1, 7, 64 * 1024] {
+        assert_eq!(
+            inflate_in_chunks(&allowed, want.len(), chunk).unwrap(),
+            want
+        );
+    }
+}
+
+#[test]
+fn one_call_works_through_a_bounded_share_of_empty_members() {
+    let empty = members(MAX_MEMBERS, |_| Vec::new());
+    let mut inflater = Inflater::new(&empty[..], 0);
+    let mut calls = 0;
+    let mut pos = 0;
+    while let Some(piece) = inflater.next_chunk(64 * 1024) {
+        assert_eq!(piece.unwrap(), b"");
+        let members = (inflater.pos - pos) / 20;
+        assert!(
+            members <= 1 + WORK_PER_CHUNK / MEMBER_WORK,
+            "{members} members in one call"
+        );
+        pos = inflater.pos;
+        calls += 1;
+    }
+    assert_eq!(inflater.pos, empty.len());
+    assert_eq!(calls, MAX_MEMBERS.div_ceil(WORK_PER_CHUNK / MEMBER_WORK));
 }
 
 proptest! {

@@ -14,6 +14,25 @@ pub(super) struct Options {
     pub(super) manifest_type: Option<String>,
 }
 
+/// Most request headers one entry carries; names past it are ignored. A real entry has a handful
+/// (a user agent, a referer, a cookie); each name is looked up among those kept, so without a
+/// bound one 8 MiB `stream_headers=a&b&...` line would cost about 10^12 comparisons.
+pub(super) const MAX_HEADERS: usize = 64;
+
+/// Longest option (after its `#EXTVLCOPT:`, `#EXTHTTP:` or `#KODIPROP:`) that is applied; a longer
+/// one is skipped. Real ones are a header or a few ClearKey pairs; each option becomes part of an
+/// entry's proxy link.
+pub(super) const MAX_OPTION_LINE: usize = 8 * 1024;
+
+/// The `#KODIPROP` properties sluice turns into parameters.
+const KODI_PARAMETERS: &[&str] = &[
+    "inputstream.adaptive.license_key",
+    "inputstream.adaptive.license_type",
+    "inputstream.adaptive.manifest_type",
+    "inputstream.adaptive.stream_headers",
+    "inputstream.adaptive.manifest_headers",
+];
+
 /// VLC `http-*` options that are behaviour switches or credentials, not request headers.
 const VLC_NOT_HEADERS: &[&str] = &[
     "reconnect",
@@ -39,14 +58,19 @@ impl Options {
         if !valid_name || !valid_value || is_forbidden_header(&name) {
             return;
         }
+        let full = self.headers.len() >= MAX_HEADERS;
         match self.headers.iter_mut().find(|(k, _)| *k == name) {
             Some(slot) => slot.1 = value.to_string(),
-            None => self.headers.push((name, value.to_string())),
+            None if !full => self.headers.push((name, value.to_string())),
+            None => {}
         }
     }
 
     /// `#EXTVLCOPT:http-user-agent=...`, `http-referrer=...`, `http-header=Name: value`.
     pub(super) fn vlc(&mut self, opt: &str) {
+        if opt.len() > MAX_OPTION_LINE {
+            return;
+        }
         let Some((key, value)) = opt.split_once('=') else {
             return;
         };
@@ -64,6 +88,9 @@ impl Options {
 
     /// `#EXTHTTP:{"User-Agent": "..."}` replaces the headers gathered so far, as in MediaFlow.
     pub(super) fn http_json(&mut self, json: &str) {
+        if json.len() > MAX_OPTION_LINE {
+            return;
+        }
         self.headers.clear();
         let Ok(serde_json::Value::Object(map)) = serde_json::from_str(json.trim()) else {
             return;
@@ -80,12 +107,20 @@ impl Options {
 
     /// `#KODIPROP:inputstream.adaptive.*`. Returns whether the property is one sluice turns into
     /// parameters (so a proxied entry leaves it out: the player must not apply it a second time).
+    /// One over [`MAX_OPTION_LINE`] is still left out, but not applied.
     pub(super) fn kodi(&mut self, prop: &str) -> bool {
         let Some((key, value)) = prop.split_once('=') else {
             return false;
         };
+        let key = key.trim().to_ascii_lowercase();
+        if !KODI_PARAMETERS.contains(&key.as_str()) {
+            return false;
+        }
+        if prop.len() > MAX_OPTION_LINE {
+            return true;
+        }
         let value = value.trim();
-        match key.trim().to_ascii_lowercase().as_str() {
+        match key.as_str() {
             "inputstream.adaptive.license_key" => self.license_key = Some(value.to_string()),
             "inputstream.adaptive.license_type" => {
                 self.license_type = Some(value.to_ascii_lowercase())

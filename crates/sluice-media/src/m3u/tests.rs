@@ -236,6 +236,48 @@ fn a_lower_case_header_is_written_as_players_expect() {
 }
 
 #[test]
+fn an_entry_keeps_at_most_64_headers_and_skips_long_options() {
+    // 10,000 distinct names over lines short enough to be applied.
+    let names: Vec<String> = (0..10_000).map(|i| format!("x-h{i}")).collect();
+    let lines: Vec<String> = names
+        .chunks(500)
+        .map(|chunk| {
+            let pairs: Vec<String> = chunk.iter().map(|n| format!("{n}=v")).collect();
+            format!("inputstream.adaptive.stream_headers={}", pairs.join("&"))
+        })
+        .collect();
+    let mut options = Options::default();
+    for line in &lines {
+        assert!(line.len() <= options::MAX_OPTION_LINE, "{}", line.len());
+        assert!(options.kodi(line));
+    }
+    assert_eq!(options.headers.len(), options::MAX_HEADERS);
+    let kept: Vec<&str> = options.headers.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kept, names[..options::MAX_HEADERS]);
+    // A name already kept still takes its last value.
+    options.vlc("http-x-h0=new");
+    assert_eq!(options.headers[0], ("x-h0".to_string(), "new".to_string()));
+    assert_eq!(options.headers.len(), options::MAX_HEADERS);
+
+    // Through a merge: the entry's link carries the 64.
+    let text = format!(
+        "#EXTM3U\n#KODIPROP:{}\nhttp://o/a.m3u8\n",
+        lines.join("\n#KODIPROP:")
+    );
+    let out = merged("http://a/1.m3u", &[&text]);
+    assert_eq!(out.matches("h_x-h").count(), options::MAX_HEADERS);
+
+    // An option longer than the bound is skipped whole; a parameter property is still left out.
+    let long = "a".repeat(options::MAX_OPTION_LINE);
+    let mut fresh = Options::default();
+    fresh.vlc(&format!("http-user-agent={long}"));
+    fresh.http_json(&format!("{{\"User-Agent\": \"{long}\"}}"));
+    assert!(fresh.kodi(&format!("inputstream.adaptive.stream_headers=a={long}")));
+    assert!(fresh.kodi(&format!("inputstream.adaptive.license_key={long}")));
+    assert_eq!(fresh, Options::default());
+}
+
+#[test]
 fn options_apply_to_one_entry_only() {
     let list = "#EXTINF:-1,A\n#EXTVLCOPT:http-user-agent=UA\nhttp://a/a.m3u8\n#EXTINF:-1,B\nhttp://a/b.m3u8\n";
     let out = merged("http://p/l.m3u", &[list]);

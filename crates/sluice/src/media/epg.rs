@@ -2,9 +2,10 @@
 //! (`cache_ttl`, `X-EPG-Cache: HIT|MISS`) on the gateway's guide handling (`sluice_media::xmltv`:
 //! checked to be XMLTV, held gzip-compressed, named by a hash for conditional GETs).
 //!
-//! Guides are keyed by the URL and every `h_*` header, so one caller's credentials never serve
-//! another's guide. Concurrent misses of one key share one fetch. The cache is bounded in entries
-//! and in compressed bytes; the oldest fetch goes first.
+//! Guides are keyed by the URL and the headers the fetch sends (every `h_*`, the last of a
+//! repeated one), so one caller's credentials never serve another's guide. Concurrent misses of
+//! one key share one fetch; the bodies of all fetches share [`FETCH_GUIDES`] × `max_bytes`. The
+//! cache is bounded in entries and in compressed bytes; the oldest fetch goes first.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,18 +16,24 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Request, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use sluice_media::query::ProxyParams;
 use sluice_media::xmltv::{self, Prepared, XmltvError};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::keyed::Keyed;
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::request::RequestContext;
-use crate::upstream::Upstream;
+use crate::upstream::{Upstream, UpstreamRequest};
 
 /// The longest `cache_ttl` a request may ask for: a week.
 const MAX_REQUEST_TTL: u64 = 7 * 24 * 3600;
+
+/// Bodies of `max_bytes` that guide fetches may hold at once, as they arrive and until they are
+/// checked: without it, a miss per distinct URL held up to `max_bytes` each, without bound, while
+/// it waited for a place to be checked. (The XML being checked is bounded by the document lane's
+/// places, `media::cpu`.)
+const FETCH_GUIDES: usize = 4;
 
 /// `[media.epg]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -86,6 +93,8 @@ pub struct EpgProxy {
     entries: Mutex<HashMap<[u8; 32], Entry>>,
     /// One lock per key being fetched, so concurrent misses share one fetch.
     fetching: Keyed<[u8; 32]>,
+    /// KiB the fetches in flight may hold together ([`FETCH_GUIDES`] × `max_bytes`).
+    fetch_kib: Arc<Semaphore>,
 }
 
 impl EpgProxy {
@@ -95,6 +104,13 @@ impl EpgProxy {
             config: config.clone(),
             entries: Mutex::new(HashMap::new()),
             fetching: Keyed::new(),
+            fetch_kib: Arc::new(Semaphore::new(
+                config
+                    .max_bytes
+                    .saturating_mul(FETCH_GUIDES)
+                    .div_ceil(1024)
+                    .min(Semaphore::MAX_PERMITS),
+            )),
         }
     }
 
@@ -123,7 +139,8 @@ impl EpgProxy {
             })?,
         }
         .min(MAX_REQUEST_TTL);
-        let key = cache_key(&params);
+        let request = super::stream::fetch_request(&params)?;
+        let key = cache_key(&request);
         let (guide, last_modified, hit) = match self.fresh(&key, ttl) {
             Some((g, lm)) => (g, lm, true),
             None => {
@@ -135,7 +152,7 @@ impl EpgProxy {
                 match self.fresh(&key, ttl) {
                     Some((g, lm)) => (g, lm, true),
                     None => {
-                        let outcome = self.fetch(&params).await;
+                        let outcome = self.fetch(request).await;
                         let guide = Arc::new(outcome?);
                         let lm = SystemTime::now();
                         if ttl > 0 {
@@ -187,17 +204,19 @@ impl EpgProxy {
         );
     }
 
-    async fn fetch(&self, params: &ProxyParams) -> Result<Prepared, ProxyError> {
+    async fn fetch(&self, request: UpstreamRequest) -> Result<Prepared, ProxyError> {
         let secs = self.config.fetch_timeout_secs;
         let max = self.config.max_bytes;
-        let host = params.destination.host_str().unwrap_or("").to_string();
+        let host = request.url.host_str().unwrap_or("").to_string();
         let upstream_err = |status: StatusCode, kind: &'static str, msg: String| {
             let mut e = ProxyError::new(Side::Upstream, status, kind, msg);
             e.upstream = Some(host.clone());
             e
         };
+        // The body, charged before its buffer grows and given back once it is checked (or the
+        // fetch fails): what the cache keeps is bounded by `cache_bytes`.
+        let mut held = FetchCharge::new(&self.fetch_kib);
         let fetch = async {
-            let request = super::stream::fetch_request(params)?;
             let resp = self
                 .upstream
                 .send(request)
@@ -216,8 +235,8 @@ impl EpgProxy {
                 ));
             }
             resp.body
-                .collect_limited(max)
-                .await
+                .collect_limited_with(max, |capacity| held.reserve(capacity))
+                .await?
                 .map_err(|e| upstream_err(StatusCode::BAD_GATEWAY, "epg_body", format!("EPG: {e}")))
         };
         let raw = tokio::time::timeout(Duration::from_secs(secs), fetch)
@@ -230,7 +249,7 @@ impl EpgProxy {
                 )
             })??;
         // Decompressing and hashing tens of MB is CPU work; keep it off the threads that move video.
-        crate::media::cpu::run(crate::media::cpu::Lane::Document, move || {
+        let prepared = crate::media::cpu::run(crate::media::cpu::Lane::Document, move || {
             xmltv::prepare(raw, max)
         })
         .await
@@ -249,23 +268,75 @@ impl EpgProxy {
                 }
             };
             upstream_err(status, "epg_content", format!("EPG: {e}"))
-        })
+        });
+        drop(held);
+        prepared
     }
 }
 
-/// SHA-256 over the URL and every `h_*` header, length-prefixed.
-fn cache_key(params: &ProxyParams) -> [u8; 32] {
+/// What one fetch holds of [`EpgProxy::fetch_kib`], grown as it needs more; given back when
+/// dropped.
+struct FetchCharge {
+    budget: Arc<Semaphore>,
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl FetchCharge {
+    fn new(budget: &Arc<Semaphore>) -> Self {
+        FetchCharge {
+            budget: budget.clone(),
+            permit: None,
+        }
+    }
+
+    /// Grows the charge to cover `bytes`, or 503 when the other fetches hold the rest.
+    fn reserve(&mut self, bytes: usize) -> Result<(), ProxyError> {
+        let have = self.permit.as_ref().map_or(0, |p| p.num_permits());
+        let more = bytes.div_ceil(1024).saturating_sub(have);
+        if more == 0 {
+            return Ok(());
+        }
+        let taken = u32::try_from(more)
+            .ok()
+            .and_then(|n| self.budget.clone().try_acquire_many_owned(n).ok())
+            .ok_or_else(|| {
+                ProxyError::new(
+                    Side::Internal,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "epg_busy",
+                    format!(
+                        "the guides being fetched now hold all the memory set aside for them \
+                         ({FETCH_GUIDES} × media.epg.max_bytes); try again shortly"
+                    ),
+                )
+                .with_retry_after(1)
+            })?;
+        match &mut self.permit {
+            Some(p) => p.merge(taken),
+            None => self.permit = Some(taken),
+        }
+        Ok(())
+    }
+}
+
+/// SHA-256 over the URL and the headers of the fetch, length-prefixed: the request as it is sent
+/// (a repeated `h_*` sends its last value), so two keys never share a guide fetched differently.
+fn cache_key(request: &UpstreamRequest) -> [u8; 32] {
     let mut h = Sha256::new();
     let mut field = |b: &[u8]| {
         h.update((b.len() as u64).to_be_bytes());
         h.update(b);
     };
-    field(params.destination.as_str().as_bytes());
-    let mut headers: Vec<_> = params.request_headers.iter().collect();
+    field(request.url.as_str().as_bytes());
+    let mut headers: Vec<_> = request
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_bytes()))
+        .collect();
     headers.sort();
     for (k, v) in headers {
-        field(k.to_ascii_lowercase().as_bytes());
-        field(v.as_bytes());
+        field(k.as_bytes());
+        field(v);
     }
     h.finalize().into()
 }
@@ -342,4 +413,40 @@ fn respond(
     // A HEAD answer has no body but keeps the GET answer's length.
     *resp.headers_mut() = h;
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_media::query::ProxyParams;
+
+    fn key_of(headers: &[(&str, &str)]) -> [u8; 32] {
+        let params = ProxyParams {
+            destination: "http://guide.example/epg.xml".parse().unwrap(),
+            request_headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            response_headers: Vec::new(),
+            propagate_headers: Vec::new(),
+            strip_headers: Vec::new(),
+        };
+        cache_key(&super::super::stream::fetch_request(&params).unwrap())
+    }
+
+    #[test]
+    fn the_key_follows_the_headers_the_fetch_sends() {
+        let a_then_b = key_of(&[("cookie", "A"), ("cookie", "B")]);
+        let b_then_a = key_of(&[("cookie", "B"), ("cookie", "A")]);
+        // The fetch sends the last value: B, then A.
+        assert_ne!(a_then_b, b_then_a);
+        assert_eq!(a_then_b, key_of(&[("cookie", "B")]));
+        assert_eq!(b_then_a, key_of(&[("cookie", "A")]));
+        // Order between different headers does not matter; their values do.
+        assert_eq!(
+            key_of(&[("cookie", "A"), ("user-agent", "x")]),
+            key_of(&[("user-agent", "x"), ("cookie", "A")])
+        );
+        assert_ne!(key_of(&[]), key_of(&[("cookie", "A")]));
+    }
 }
