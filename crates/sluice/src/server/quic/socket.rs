@@ -3,8 +3,7 @@
 //! connection ID carries the previous process's tag passed on to it over a Unix datagram
 //! channel; in the old process, once handed over, datagrams read from that channel instead of
 //! the shared socket (replies still leave through the shared socket, so clients see the same
-//! address and port throughout) until the channel's far end is gone (the new process dropped
-//! the socket, or died): then this process reads the shared socket again.
+//! address and port throughout).
 
 use std::fmt;
 use std::io::{self, IoSliceMut};
@@ -31,11 +30,6 @@ const HEADER: usize = 36;
 
 /// The largest UDP payload.
 const MAX_DATAGRAM: usize = 65_535;
-
-/// How often a process that has handed its socket over checks that the new process still holds
-/// the channel's far end. A Unix datagram socket reports nothing when its peer closes (no end of
-/// file, no error on receive): only a send shows it, so an empty datagram is sent.
-const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -153,8 +147,6 @@ pub struct QuicSocket {
     /// Set once this process has handed the socket over: datagrams come from the new process.
     handed: AtomicBool,
     from_next: Mutex<Option<Arc<tokio::net::UnixDatagram>>>,
-    /// While handed over: when next to check that the new process is still there.
-    probe: Mutex<Option<tokio::time::Interval>>,
     /// The endpoint driver's waker, to move it to the channel when the socket is handed over.
     waker: Mutex<Option<Waker>>,
     scratch: Mutex<Vec<u8>>,
@@ -200,7 +192,6 @@ impl QuicSocket {
             previous,
             handed: AtomicBool::new(false),
             from_next: Mutex::new(None),
-            probe: Mutex::new(None),
             waker: Mutex::new(None),
             scratch: Mutex::new(Vec::new()),
         });
@@ -214,58 +205,6 @@ impl QuicSocket {
         if let Some(w) = lock(&self.waker).clone() {
             w.wake();
         }
-    }
-
-    /// Reads datagrams from `rx`, the new process's channel, instead of the shared socket.
-    fn read_from_next(&self, rx: Arc<tokio::net::UnixDatagram>) {
-        *lock(&self.from_next) = Some(rx);
-        *lock(&self.probe) = None;
-        self.handed.store(true, Ordering::Release);
-        self.wake();
-    }
-
-    /// Reads the shared socket again.
-    fn read_shared(&self) {
-        self.handed.store(false, Ordering::Release);
-        *lock(&self.from_next) = None;
-        *lock(&self.probe) = None;
-        self.wake();
-    }
-
-    /// Reads the shared socket again after `rx`'s far end is gone, unless another handover
-    /// replaced `rx` meanwhile.
-    fn read_shared_after(&self, rx: &Arc<tokio::net::UnixDatagram>) {
-        let mut from_next = lock(&self.from_next);
-        if from_next.as_ref().is_some_and(|r| Arc::ptr_eq(r, rx)) {
-            tracing::info!(
-                "the new process no longer reads a QUIC socket: this process reads it again"
-            );
-            *from_next = None;
-            *lock(&self.probe) = None;
-            self.handed.store(false, Ordering::Release);
-        }
-    }
-
-    /// Whether the far end of `rx` is gone, checked every [`PROBE_EVERY`]. The probe is an empty
-    /// datagram the new process never reads: its channel end holds at most a send buffer's
-    /// worth, after which the probe is refused as full (the process is there) until it is gone.
-    fn next_gone(&self, rx: &tokio::net::UnixDatagram, cx: &mut Context) -> bool {
-        let mut probe = lock(&self.probe);
-        let interval = probe.get_or_insert_with(|| {
-            let mut i =
-                tokio::time::interval_at(tokio::time::Instant::now() + PROBE_EVERY, PROBE_EVERY);
-            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            i
-        });
-        while interval.poll_tick(cx).is_ready() {
-            // Straight to the descriptor: tokio's own send would skip the call while it
-            // believes the socket not writable.
-            match socket2::SockRef::from(rx).send(&[]) {
-                Err(e) if previous_gone(&e) => return true,
-                _ => {}
-            }
-        }
-        false
     }
 
     /// Passes on the previous process's datagrams among `n` received; compacts the rest to
@@ -309,18 +248,16 @@ impl QuicSocket {
         scratch.resize(HEADER + MAX_DATAGRAM, 0);
         loop {
             let mut buf = tokio::io::ReadBuf::new(&mut scratch);
-            match rx.poll_recv(cx, &mut buf) {
-                Poll::Ready(Ok(())) => {}
-                // Not a closed far end (a datagram channel reports none on receive): the probe
-                // below tells.
-                Poll::Ready(Err(e)) => {
-                    tracing::debug!(error = %e, "QUIC handover channel: receive failed");
-                    return Poll::Pending;
-                }
-                Poll::Pending => return Poll::Pending,
+            match ready!(rx.poll_recv(cx, &mut buf)) {
+                Ok(()) => {}
+                // The new process is gone (it failed after all, or exited): nothing more comes.
+                Err(_) => return Poll::Pending,
             }
             let got = buf.filled();
             let Some((addr, dst_ip)) = decode_header(got) else {
+                if got.is_empty() {
+                    return Poll::Pending;
+                }
                 continue;
             };
             let payload = &got[HEADER..];
@@ -442,12 +379,7 @@ impl AsyncUdpSocket for QuicSocket {
         if self.handed.load(Ordering::Acquire) {
             let rx = lock(&self.from_next).clone();
             if let Some(rx) = rx {
-                if !self.next_gone(&rx, cx) {
-                    return self.poll_from_next(&rx, cx, bufs, meta);
-                }
-                // The new process dropped this socket (its config no longer names it) or died:
-                // the connections still here would stall to their idle timeout unread.
-                self.read_shared_after(&rx);
+                return self.poll_from_next(&rx, cx, bufs, meta);
             }
         }
         loop {
@@ -510,7 +442,9 @@ pub fn hand_over() -> io::Result<Vec<HandedOver>> {
     }
     let mut out = Vec::with_capacity(made.len());
     for (s, (ours, handed)) in sockets.iter().zip(made) {
-        s.read_from_next(ours);
+        *lock(&s.from_next) = Some(ours);
+        s.handed.store(true, Ordering::Release);
+        s.wake();
         out.push(handed);
     }
     Ok(out)
@@ -519,61 +453,15 @@ pub fn hand_over() -> io::Result<Vec<HandedOver>> {
 /// The new process failed: read the shared sockets again.
 pub fn take_back() {
     for s in lock(&OPEN).iter().filter_map(Weak::upgrade) {
-        s.read_shared();
+        s.handed.store(false, Ordering::Release);
+        *lock(&s.from_next) = None;
+        s.wake();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// One datagram from `s`, or `None` if none comes within `wait`.
-    async fn recv(s: &QuicSocket, wait: Duration) -> Option<(Vec<u8>, SocketAddr)> {
-        let mut buf = vec![0u8; MAX_DATAGRAM];
-        let mut meta = [RecvMeta::default()];
-        let got = tokio::time::timeout(
-            wait,
-            std::future::poll_fn(|cx| {
-                let mut bufs = [IoSliceMut::new(&mut buf)];
-                s.poll_recv(cx, &mut bufs, &mut meta)
-            }),
-        )
-        .await
-        .ok()?;
-        assert_eq!(got.unwrap(), 1);
-        Some((buf[..meta[0].len].to_vec(), meta[0].addr))
-    }
-
-    /// A process that handed its socket over reads it again once the new process no longer
-    /// holds the channel (its config dropped the socket, or it died). Before, it waited on the
-    /// channel for good, and every connection still open there stalled to its idle timeout.
-    #[tokio::test]
-    async fn a_handed_over_socket_is_read_again_once_the_new_process_is_gone() {
-        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let s = QuicSocket::new(udp, None, Counter::default()).unwrap();
-        let addr = s.local_addr().unwrap();
-        let (ours, theirs) = UnixDatagram::pair().unwrap();
-        ours.set_nonblocking(true).unwrap();
-        s.read_from_next(Arc::new(tokio::net::UnixDatagram::from_std(ours).unwrap()));
-        let client = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let from = client.local_addr().unwrap();
-        client.send_to(b"on the socket", addr).await.unwrap();
-
-        // While the new process holds the channel, the shared socket is its to read (past a
-        // probe or two), and its datagrams come over the channel.
-        assert_eq!(recv(&s, PROBE_EVERY * 2).await, None);
-        let mut passed = encode_header(from, None).to_vec();
-        passed.extend_from_slice(b"passed on");
-        theirs.send(&passed).unwrap();
-        let got = recv(&s, Duration::from_secs(5)).await;
-        assert_eq!(got, Some((b"passed on".to_vec(), from)));
-
-        // It is gone: the datagram waiting on the shared socket is read here.
-        drop(theirs);
-        let got = recv(&s, PROBE_EVERY * 5).await;
-        assert_eq!(got, Some((b"on the socket".to_vec(), from)));
-        assert!(!s.handed.load(Ordering::Acquire));
-    }
 
     #[test]
     fn headers_carry_both_addresses() {
