@@ -12,7 +12,7 @@ use super::crypto::{decrypt_sample, Pattern};
 use super::fixup::{is_dropped_in_moof, rebuild_moof, rewrite_sidx, Removals, TrafFix};
 use super::{init, CencError, InitInfo, Protection, Scheme, TrackInfo};
 use crate::keys::{KeyRing, Kid};
-use crate::mp4::{boxes, fourcc_str, Mp4Box, Reader, Senc, SencEntries, Tfhd, Trun};
+use crate::mp4::{boxes, fourcc_str, Mp4Box, Mp4Error, Reader, Senc, SencEntries, Tfhd, Trun};
 
 /// Decrypts a media segment with the tracks described by `info` and the keys in `keys`.
 ///
@@ -153,17 +153,20 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
     // and `moof`, this bounds the jobs (and the walk) even when each `trun`'s data offset points
     // back at the same bytes, which would otherwise list the same samples again and again.
     let mut budget = segment.len();
-    // A `moof` seen whose `mdat` has not come yet.
-    let mut moof_waiting = false;
+    // Where the data of the `moof`s seen so far ends: their `trun` offsets count every byte
+    // before it, so no box starting before it may be removed.
+    let mut data_end = 0usize;
     for b in boxes(segment) {
         let b = b?;
+        let mut moof_end = 0;
         let out = match &b.kind {
             b"moof" => {
                 let within = Within {
                     limit: segment.len(),
                     budget: &mut budget,
                 };
-                let bytes = plan_moof(&b, removed_total, within, tracks, &mut jobs)?;
+                let (bytes, end) = plan_moof(&b, removed_total, within, tracks, &mut jobs)?;
+                moof_end = end;
                 TopOut::Bytes(bytes)
             }
             b"moov" => {
@@ -182,8 +185,9 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
         };
         if out_len < b.len() {
             // The `trun` offsets and the `tfhd` base are moved for what a `moof` loses and what
-            // went before it, not for a box removed between it and its samples.
-            if moof_waiting {
+            // went before it, not for a box removed between it and its samples. Checked against
+            // the samples' end, not the next `mdat`: an empty `mdat` may come first.
+            if b.offset < data_end {
                 return Err(CencError::RemovedBeforeMdat {
                     kind: fourcc_str(b.kind),
                 });
@@ -191,11 +195,7 @@ fn plan<'a>(segment: &'a [u8], tracks: &[TrackCrypto<'_>]) -> Result<Plan<'a>, C
             removals.push(b.offset, b.len() - out_len);
             removed_total += b.len() - out_len;
         }
-        match &b.kind {
-            b"moof" => moof_waiting = true,
-            b"mdat" => moof_waiting = false,
-            _ => {}
-        }
+        data_end = data_end.max(moof_end);
         tops.push(Top { b, out });
     }
     if !removals.is_empty() {
@@ -213,18 +213,20 @@ struct Within<'b> {
     budget: &'b mut usize,
 }
 
-/// Plans one `moof`: lists its encrypted samples and returns its rebuilt bytes.
+/// Plans one `moof`: lists its encrypted samples and returns its rebuilt bytes and where the
+/// data its `trun`s point at ends (the furthest of its `traf`s).
 fn plan_moof<'a>(
     moof: &Mp4Box<'a>,
     removed_before: usize,
     mut within: Within<'_>,
     tracks: &[TrackCrypto<'_>],
     jobs: &mut Vec<Job>,
-) -> Result<Vec<u8>, CencError> {
+) -> Result<(Vec<u8>, usize), CencError> {
     // Our rebuilt header is always 8 bytes; a 16-byte `largesize` header shrinks too.
     let mut removed = moof.header_len - 8;
     let mut fixes = Vec::new();
     let mut data_end = moof.offset;
+    let mut furthest = moof.end();
     for child in moof.children() {
         let child = child?;
         if is_dropped_in_moof(&child) {
@@ -250,9 +252,11 @@ fn plan_moof<'a>(
             )?;
             fixes.push(fix);
             data_end = end;
+            furthest = furthest.max(end);
         }
     }
-    rebuild_moof(moof, removed, removed_before + removed, &fixes)
+    let bytes = rebuild_moof(moof, removed, removed_before + removed, &fixes)?;
+    Ok((bytes, furthest))
 }
 
 /// Lists the encrypted samples of one `traf`; returns its offset fix and where its data ends.
@@ -267,13 +271,14 @@ fn plan_traf<'a>(
 ) -> Result<(TrafFix, usize), CencError> {
     let tfhd = traf.child(b"tfhd")?.ok_or(CencError::MissingBox("tfhd"))?;
     let tfhd = Tfhd::parse(&tfhd)?;
-    refuse_key_groups(traf, tfhd.track_id)?;
+    let track = tracks.iter().position(|t| t.info.track_id == tfhd.track_id);
+    let protection = track.and_then(|i| tracks[i].info.protection.as_ref());
+    refuse_key_groups(traf, protection, tfhd.track_id)?;
     let (base, fix) = match tfhd.base_data_offset {
         Some(base) => (to_usize(base, tfhd.track_id)?, TrafFix::Absolute),
         None if tfhd.default_base_is_moof() || first_traf => (moof_start, TrafFix::MoofRelative),
         None => (previous_end, TrafFix::Unchanged),
     };
-    let track = tracks.iter().position(|t| t.info.track_id == tfhd.track_id);
     let trex = track.and_then(|i| tracks[i].info.trex);
     let default_size = tfhd
         .default_sample_size
@@ -340,19 +345,154 @@ pub(super) fn planned_jobs(
     Ok(plan(segment, &resolve_tracks(info, keys))?.jobs.len())
 }
 
-/// `seig` sample groups (clear lead, key rotation) give some samples another key, IV or no
-/// encryption at all; decrypted with the track's defaults they would be passed on as garbage, so
-/// a segment with them is refused. Other groups (`roll`, ...) say nothing about encryption.
-fn refuse_key_groups(traf: &Mp4Box<'_>, track_id: u32) -> Result<(), CencError> {
+/// `seig` sample groups (clear lead, key rotation) can give samples another key, IV or no
+/// encryption at all; decrypted with the track's defaults those would be passed on as garbage,
+/// so a segment mapping a sample to such an entry is refused. A sample mapped to index 0 (the
+/// track's `tenc`) or to an entry repeating the `tenc` decrypts as before: GPAC writes both in
+/// every fragment after a clear lead. Other groups (`roll`, ...) say nothing about encryption.
+fn refuse_key_groups(
+    traf: &Mp4Box<'_>,
+    protection: Option<&Protection>,
+    track_id: u32,
+) -> Result<(), CencError> {
+    let refused = CencError::KeyGroups { track_id };
+    // Per entry of the `traf`'s own `seig` description: whether it repeats the `tenc`.
+    let mut local: Option<Vec<bool>> = None;
     for b in traf.children() {
         let b = b?;
-        // Both boxes start with a version, flags and the grouping type.
-        let grouping = b.payload().get(4..8);
-        if matches!(&b.kind, b"sgpd" | b"sbgp") && grouping == Some(&b"seig"[..]) {
-            return Err(CencError::KeyGroups { track_id });
+        if b.kind == *b"sgpd" && is_seig(&b) {
+            if local.is_some() {
+                // Two descriptions of one type: which one an index means is unclear.
+                return Err(refused);
+            }
+            let (entries, default_index) = seig_entries(&b, protection)?;
+            // Version 2 maps the samples no `sbgp` maps to this entry.
+            if default_index != 0 && !maps_to_tenc(&entries, default_index) {
+                return Err(refused);
+            }
+            local = Some(entries);
+        }
+    }
+    let local = local.unwrap_or_default();
+    for b in traf.children() {
+        let b = b?;
+        if b.kind != *b"sbgp" || !is_seig(&b) {
+            continue;
+        }
+        let mut r = b.reader();
+        let (version, _) = r.full_box()?;
+        r.skip(4)?;
+        if version == 1 {
+            // grouping_type_parameter, unused by `seig`.
+            r.skip(4)?;
+        }
+        let count = r.u32()?;
+        let runs = r.records("sbgp entry", count.into(), 8)?;
+        for run in runs.chunks_exact(8) {
+            let samples = u32::from_be_bytes([run[0], run[1], run[2], run[3]]);
+            let index = u32::from_be_bytes([run[4], run[5], run[6], run[7]]);
+            // Index 0: no group, the track's defaults.
+            if samples != 0 && index != 0 && !maps_to_tenc(&local, index) {
+                return Err(refused);
+            }
         }
     }
     Ok(())
+}
+
+/// Whether a `traf`'s group description index names an entry of its own `seig` description
+/// that repeats the `tenc`. Indexes up to 0x10000 name the init's descriptions, which the
+/// decryptor does not keep: those count as another key.
+fn maps_to_tenc(local: &[bool], index: u32) -> bool {
+    index
+        .checked_sub(0x1_0001)
+        .and_then(|i| local.get(i as usize))
+        .copied()
+        .unwrap_or(false)
+}
+
+/// Both `sgpd` and `sbgp` start with a version, flags and the grouping type.
+fn is_seig(b: &Mp4Box<'_>) -> bool {
+    b.payload().get(4..8) == Some(&b"seig"[..])
+}
+
+/// Reads a `seig` `sgpd` (ISO/IEC 23001-7 `CencSampleEncryptionInformationGroupEntry`s): for
+/// each entry, whether it repeats the track's `tenc`; and the version 2 default index.
+fn seig_entries(
+    sgpd: &Mp4Box<'_>,
+    protection: Option<&Protection>,
+) -> Result<(Vec<bool>, u32), CencError> {
+    let mut r = sgpd.reader();
+    let payload_at = sgpd.offset + sgpd.header_len;
+    let (version, _) = r.full_box()?;
+    r.skip(4)?;
+    let default_length = if version >= 1 { r.u32()? } else { 0 };
+    let default_index = if version >= 2 { r.u32()? } else { 0 };
+    let count = r.u32()?;
+    // An entry takes at least 20 bytes: a count the box cannot hold is refused before the walk,
+    // and the list grows with the entries read, never from the count.
+    if u64::from(count) * SEIG_MIN > r.remaining() as u64 {
+        return Err(Mp4Error::CountOverflow {
+            what: "sgpd seig entry",
+            count: count.into(),
+        }
+        .into());
+    }
+    let mut entries = Vec::new();
+    for _ in 0..count {
+        let same = if version >= 1 {
+            let len = match default_length {
+                0 => r.u32()?,
+                len => len,
+            };
+            let at = payload_at + r.position();
+            let mut entry = Reader::new(r.bytes(len as usize)?, at);
+            seig_is_tenc(&mut entry, protection)?
+        } else {
+            seig_is_tenc(&mut r, protection)?
+        };
+        entries.push(same);
+    }
+    Ok((entries, default_index))
+}
+
+/// The fixed part of a `seig` entry: reserved, pattern, isProtected, IV size and KID.
+const SEIG_MIN: u64 = 20;
+
+/// Reads one `seig` entry; true when it says what the track's `tenc` does: protected, with the
+/// same KID, per-sample IV size, pattern (for the pattern schemes) and constant IV.
+fn seig_is_tenc(r: &mut Reader<'_>, p: Option<&Protection>) -> Result<bool, CencError> {
+    r.skip(1)?;
+    let pattern = r.u8()?;
+    let is_protected = r.u8()?;
+    let iv_size = r.u8()?;
+    let kid: Kid = r.array()?;
+    let mut constant_iv = None;
+    if is_protected == 1 && iv_size == 0 {
+        let len = r.u8()?;
+        let iv = r.bytes(len.into())?;
+        // 8-byte IVs are padded with zeros, as `expand_iv` and the `tenc` reader do.
+        if matches!(len, 8 | 16) {
+            let mut padded = [0u8; 16];
+            padded[..iv.len()].copy_from_slice(iv);
+            constant_iv = Some(padded);
+        }
+    }
+    let Some(p) = p else {
+        return Ok(false);
+    };
+    let same_pattern = match p.scheme {
+        Scheme::Cens | Scheme::Cbcs => pattern == (p.pattern.crypt << 4) | p.pattern.skip,
+        // Unused by the whole-sample schemes.
+        Scheme::Cenc | Scheme::Cbc1 => true,
+    };
+    let same_iv = iv_size != 0 || (constant_iv.is_some() && constant_iv == p.constant_iv);
+    Ok(is_protected == 1
+        && p.is_protected
+        && iv_size == p.per_sample_iv_size
+        && kid == p.default_kid
+        && same_pattern
+        && same_iv)
 }
 
 fn to_usize(v: u64, track_id: u32) -> Result<usize, CencError> {

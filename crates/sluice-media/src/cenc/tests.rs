@@ -292,6 +292,7 @@ fn traf(
     data_offset: u32,
     base: Option<u64>,
     encrypted: bool,
+    extra: &[u8],
 ) -> Vec<u8> {
     let tfhd = match base {
         Some(base) => full(b"tfhd", 0, 0x01, &[&be32(t.id), &base.to_be_bytes()]),
@@ -312,7 +313,7 @@ fn traf(
         flags,
         &[&be32(samples.len() as u32), &be32(data_offset), &entries],
     );
-    let mut parts = vec![tfhd, tfdt, trun];
+    let mut parts = vec![tfhd, tfdt, extra.to_vec(), trun];
     if encrypted && t.scheme.is_some() {
         let with_subsamples = samples.iter().any(|s| !s.subsamples.is_empty());
         let mut senc = be32(samples.len() as u32).to_vec();
@@ -342,6 +343,16 @@ fn traf(
 
 /// One `moof` + `mdat`; samples of all tracks are laid out one track after the other.
 fn fragment(trafs: &[(&Track, Vec<Sample>)], seq: u32, encrypted: bool) -> Vec<u8> {
+    fragment_with(trafs, seq, encrypted, &[])
+}
+
+/// [`fragment`] with `extra` (boxes) in every `traf`, after its `tfdt`.
+fn fragment_with(
+    trafs: &[(&Track, Vec<Sample>)],
+    seq: u32,
+    encrypted: bool,
+    extra: &[u8],
+) -> Vec<u8> {
     let mut payload = Vec::new();
     let mut starts = Vec::new();
     for (t, samples) in trafs {
@@ -361,9 +372,9 @@ fn fragment(trafs: &[(&Track, Vec<Sample>)], seq: u32, encrypted: bool) -> Vec<u
             let part = match t.absolute_at {
                 Some(at) => {
                     let base = (at + moof_len as usize + 8) as u64;
-                    traf(t, samples, *start, Some(base), encrypted)
+                    traf(t, samples, *start, Some(base), encrypted, extra)
                 }
-                None => traf(t, samples, moof_len + 8 + start, None, encrypted),
+                None => traf(t, samples, moof_len + 8 + start, None, encrypted, extra),
             };
             parts.push(part);
         }
@@ -867,38 +878,147 @@ fn jobs_take_less_memory_than_twice_the_segment() {
     assert!(decrypt_segment(&seg, &info, &keys).unwrap() == frag(false));
 }
 
-/// `frag` with its 20-byte `tfdt` replaced by a 20-byte `sgpd` or `sbgp` (no entries) of
-/// `grouping`, so that no offset moves.
-fn with_group(frag: &[u8], kind: &[u8; 4], grouping: &[u8; 4]) -> Vec<u8> {
-    let at = frag.windows(4).position(|w| w == b"tfdt").unwrap() - 4;
-    let group = full(kind, 0, 0, &[grouping, &be32(0)]);
-    assert_eq!(group.len(), 20);
-    let mut out = frag.to_vec();
-    out[at..at + 20].copy_from_slice(&group);
+/// A `seig` group description entry: pattern, isProtected, per-sample IV size, KID and, when
+/// protected with no per-sample IV, the constant IV.
+fn seig_entry(pattern: Pattern, protected: bool, iv_size: u8, kid: [u8; 16], iv: &[u8]) -> Vec<u8> {
+    let mut e = vec![
+        0,
+        (pattern.crypt << 4) | pattern.skip,
+        u8::from(protected),
+        iv_size,
+    ];
+    e.extend_from_slice(&kid);
+    if protected && iv_size == 0 {
+        e.push(iv.len() as u8);
+        e.extend_from_slice(iv);
+    }
+    e
+}
+
+/// A `seig` `sgpd` (version 1, each entry with its length) and an `sbgp` of (samples, index) runs.
+fn seig_groups(entries: &[Vec<u8>], runs: &[(u32, u32)]) -> Vec<u8> {
+    let mut body = be32(entries.len() as u32).to_vec();
+    for e in entries {
+        body.extend_from_slice(&be32(e.len() as u32));
+        body.extend_from_slice(e);
+    }
+    let mut out = full(b"sgpd", 1, 0, &[b"seig", &be32(0), &body]);
+    let mut map = be32(runs.len() as u32).to_vec();
+    for &(count, index) in runs {
+        map.extend_from_slice(&be32(count));
+        map.extend_from_slice(&be32(index));
+    }
+    if !runs.is_empty() {
+        out.extend_from_slice(&full(b"sbgp", 0, 0, &[b"seig", &map]));
+    }
     out
+}
+
+/// The tracks the `seig` tests use: `cbcs` with a constant IV, and `cenc` with 8-byte IVs.
+fn seig_tracks() -> [Track; 2] {
+    let mut cbcs = track(1, true, Some(Scheme::Cbcs), 0);
+    cbcs.constant_iv = Some([7; 16]);
+    cbcs.pattern = Pattern { crypt: 1, skip: 9 };
+    [cbcs, track(1, true, Some(Scheme::Cenc), 8)]
+}
+
+/// The track's `tenc`, as a `seig` entry.
+fn tenc_entry(t: &Track) -> Vec<u8> {
+    seig_entry(
+        t.pattern,
+        true,
+        t.iv_size,
+        t.kid,
+        &t.constant_iv.unwrap_or_default()[..16],
+    )
+}
+
+#[test]
+fn seig_groups_repeating_the_tenc_decrypt() {
+    // GPAC writes `seig` groups in every fragment after a clear lead, its samples mapped to
+    // index 0 (no group: the `tenc`) or to an entry repeating the `tenc`. They were refused.
+    for t in seig_tracks() {
+        let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+        let keys = keys_for(&[&t]);
+        let frag = |encrypted, extra: &[u8]| {
+            let samples = (0..3).map(|i| sample(400, i, &t, &[])).collect();
+            fragment_with(&[(&t, samples)], 1, encrypted, extra)
+        };
+        let tenc = tenc_entry(&t);
+        let clear_lead = seig_entry(Pattern::NONE, false, 0, [0; 16], &[]);
+        for groups in [
+            seig_groups(std::slice::from_ref(&tenc), &[(3, 0)]),
+            seig_groups(std::slice::from_ref(&clear_lead), &[(3, 0)]),
+            seig_groups(std::slice::from_ref(&tenc), &[(3, 0x1_0001)]),
+            seig_groups(&[clear_lead, tenc.clone()], &[(1, 0), (2, 0x1_0002)]),
+            // A description no sample maps to.
+            seig_groups(std::slice::from_ref(&tenc), &[]),
+        ] {
+            let out = decrypt_segment(&frag(true, &groups), &info, &keys);
+            assert!(out.unwrap() == frag(false, &groups), "{}", t.iv_size);
+        }
+        // Other groups (`roll` for AAC) say nothing about encryption.
+        let roll = full(b"sbgp", 0, 0, &[b"roll", &be32(1), &be32(3), &be32(1)]);
+        let out = decrypt_segment(&frag(true, &roll), &info, &keys);
+        assert!(out.unwrap() == frag(false, &roll));
+    }
 }
 
 #[test]
 fn seig_sample_groups_are_refused() {
-    let mut t = track(1, true, Some(Scheme::Cbcs), 0);
-    t.constant_iv = Some([7; 16]);
-    t.pattern = Pattern { crypt: 1, skip: 9 };
-    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
-    let keys = keys_for(&[&t]);
-    let frag = |encrypted| fragment(&[(&t, vec![sample(400, 1, &t, &[])])], 1, encrypted);
-    let refused = Err(CencError::KeyGroups { track_id: 1 });
-    for kind in [b"sgpd", b"sbgp"] {
-        // Other groups (`roll` for AAC) say nothing about encryption.
-        let roll = with_group(&frag(true), kind, b"roll");
-        let want = with_group(&frag(false), kind, b"roll");
-        assert!(decrypt_segment(&roll, &info, &keys).unwrap() == want);
-        // A clear-lead fragment: its samples are clear, and with a constant IV nothing else
-        // told them apart; they were "decrypted" into garbage.
-        let lead = with_group(&frag(false), kind, b"seig");
-        assert_eq!(decrypt_segment(&lead, &info, &keys), refused);
-        // Key rotation: encrypted, but under a group's key, not the track's.
-        let rotated = with_group(&frag(true), kind, b"seig");
-        assert_eq!(decrypt_segment(&rotated, &info, &keys), refused);
+    for t in seig_tracks() {
+        let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+        let keys = keys_for(&[&t]);
+        let frag = |encrypted, extra: &[u8]| {
+            let samples = (0..3).map(|i| sample(400, i, &t, &[])).collect();
+            fragment_with(&[(&t, samples)], 1, encrypted, extra)
+        };
+        let refused = Err(CencError::KeyGroups { track_id: 1 });
+        let tenc = tenc_entry(&t);
+        // A clear lead: its samples are clear and, under `cbcs` with a constant IV, nothing
+        // else told them apart; they were "decrypted" into garbage.
+        let clear = seig_entry(Pattern::NONE, false, 0, [0; 16], &[]);
+        let lead = seig_groups(&[tenc.clone(), clear], &[(1, 0x1_0002), (2, 0)]);
+        assert_eq!(decrypt_segment(&frag(false, &lead), &info, &keys), refused);
+        // Key rotation: encrypted, but under another key than the track's.
+        let rotated = seig_entry(t.pattern, true, t.iv_size, [0x99; 16], &[7; 16]);
+        let rotated = seig_groups(&[rotated], &[(3, 0x1_0001)]);
+        assert_eq!(
+            decrypt_segment(&frag(true, &rotated), &info, &keys),
+            refused
+        );
+        // Another constant IV, or another IV size.
+        let other_iv = match t.iv_size {
+            0 => seig_entry(t.pattern, true, 0, t.kid, &[8; 16]),
+            _ => seig_entry(t.pattern, true, 16, t.kid, &[]),
+        };
+        let other_iv = seig_groups(&[other_iv], &[(3, 0x1_0001)]);
+        assert_eq!(
+            decrypt_segment(&frag(true, &other_iv), &info, &keys),
+            refused
+        );
+        // An index into the init's descriptions, which are not kept, or past the `traf`'s.
+        for index in [1, 0x1_0002] {
+            let groups = seig_groups(std::slice::from_ref(&tenc), &[(3, index)]);
+            assert_eq!(decrypt_segment(&frag(true, &groups), &info, &keys), refused);
+        }
+        // A version 2 description naming a default for the samples no `sbgp` maps.
+        let clear = seig_entry(Pattern::NONE, false, 0, [0; 16], &[]);
+        let mut body = be32(1).to_vec();
+        body.extend_from_slice(&clear);
+        let v2 = full(b"sgpd", 2, 0, &[b"seig", &be32(20), &be32(1), &body]);
+        assert_eq!(decrypt_segment(&frag(false, &v2), &info, &keys), refused);
+        // Counts the boxes cannot hold are errors, not allocations.
+        let huge = full(b"sbgp", 0, 0, &[b"seig", &be32(u32::MAX)]);
+        assert!(matches!(
+            decrypt_segment(&frag(true, &huge), &info, &keys),
+            Err(CencError::Mp4(Mp4Error::CountOverflow { .. }))
+        ));
+        let huge = full(b"sgpd", 1, 0, &[b"seig", &be32(20), &be32(u32::MAX)]);
+        assert!(matches!(
+            decrypt_segment(&frag(true, &huge), &info, &keys),
+            Err(CencError::Mp4(Mp4Error::CountOverflow { .. }))
+        ));
     }
 }
 
@@ -922,6 +1042,37 @@ fn a_box_removed_between_a_moof_and_its_mdat_is_refused() {
     let offset = u32::from_be_bytes(moof[trun_at..trun_at + 4].try_into().unwrap());
     moof[trun_at..trun_at + 4].copy_from_slice(&(offset + pssh.len() as u32).to_be_bytes());
     let between = [moof, pssh, encrypted[moof_len..].to_vec()].concat();
+    assert_eq!(
+        decrypt_segment(&between, &info, &keys),
+        Err(CencError::RemovedBeforeMdat {
+            kind: "pssh".into()
+        })
+    );
+}
+
+#[test]
+fn a_box_removed_after_an_empty_mdat_is_refused() {
+    let t = track(1, true, Some(Scheme::Cenc), 8);
+    let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+    let keys = keys_for(&[&t]);
+    let samples = || vec![sample(300, 4, &t, &[(10, 290)])];
+    let encrypted = fragment(&[(&t, samples())], 1, true);
+    let clear = fragment(&[(&t, samples())], 1, false);
+    let pssh = full(b"pssh", 0, 0, &[&[0x10; 16], &be32(0)]);
+    let empty = bx(b"mdat", &[]);
+    // After the samples' `mdat`, a dropped `pssh` moves nothing the `moof` points at.
+    let after = [encrypted.clone(), empty.clone(), pssh.clone()].concat();
+    let want = [clear, empty.clone()].concat();
+    assert_eq!(decrypt_segment(&after, &info, &keys).unwrap(), want);
+    // An empty `mdat` first, then the `pssh`, then the samples: the `trun` offset counts the
+    // `pssh`, and the output pointed 32 bytes past the samples.
+    let moof_len = u32::from_be_bytes(encrypted[..4].try_into().unwrap()) as usize;
+    let mut moof = encrypted[..moof_len].to_vec();
+    let trun_at = moof.windows(4).position(|w| w == b"trun").unwrap() + 12;
+    let offset = u32::from_be_bytes(moof[trun_at..trun_at + 4].try_into().unwrap());
+    let moved = offset + (empty.len() + pssh.len()) as u32;
+    moof[trun_at..trun_at + 4].copy_from_slice(&moved.to_be_bytes());
+    let between = [moof, empty, pssh, encrypted[moof_len..].to_vec()].concat();
     assert_eq!(
         decrypt_segment(&between, &info, &keys),
         Err(CencError::RemovedBeforeMdat {
