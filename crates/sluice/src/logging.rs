@@ -231,6 +231,24 @@ pub fn flush(timeout: Duration) -> bool {
     }
 }
 
+/// Makes a panic write the lines queued before it first (at most [`PANIC_FLUSH`]), then the
+/// panic's message through the hook installed before: with `panic = "abort"` (the router
+/// build) nothing runs after the hook, and the lines just before a crash are the ones that
+/// explain it. Waits by looking, never by blocking on the queue's lock, which the panicking
+/// thread may hold.
+pub fn flush_on_panic() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if let Some(Some(queue)) = STDERR.get() {
+            queue.drain_by_looking(PANIC_FLUSH);
+        }
+        previous(info);
+    }));
+}
+
+/// How long a panic waits for queued lines; see [`flush_on_panic`].
+const PANIC_FLUSH: Duration = Duration::from_millis(500);
+
 /// Lines waiting for a writer thread of their own, bounded in bytes. Logging is called on the
 /// runtime's workers, and stderr under systemd is a pipe to journald: a write there blocks as
 /// long as the reader does, and with it every worker that logs. Here a full queue drops the line
@@ -297,6 +315,21 @@ impl LineQueue {
     }
 
     /// Waits until everything queued is written, at most `timeout`; false if not.
+    /// [`LineQueue::flush`] for a panic hook: polls with `try_lock` every millisecond instead
+    /// of waiting on the lock and the condition, so a thread that panicked holding the lock
+    /// gives up after `timeout` instead of waiting for itself.
+    fn drain_by_looking(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(state) = self.0.state.try_lock() {
+                if state.lines.is_empty() && state.writing == 0 && state.dropped == 0 {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn flush(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut state = lock(&self.0.state);
@@ -794,5 +827,35 @@ mod tests {
                 "1970-01-01T00:00:00.000000Z  INFO sluice::iptv: plain\n",
             ]
         );
+    }
+
+    #[test]
+    fn a_panics_flush_writes_what_was_queued_and_never_waits_for_its_own_lock() {
+        use std::sync::mpsc::channel;
+        let (open, gate) = channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let queue = LineQueue::start(Box::new(Gate {
+            open: gate,
+            opened: false,
+            out: out.clone(),
+        }))
+        .unwrap();
+        queue.push("before the crash\n");
+        // The sink opens a moment later: the drain waits for it, by looking.
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            open.send(()).unwrap();
+        });
+        queue.drain_by_looking(Duration::from_secs(5));
+        assert_eq!(out.lock().unwrap().as_slice(), b"before the crash\n");
+        opener.join().unwrap();
+        // A thread that panicked holding the queue's lock gives up after its time instead of
+        // waiting for itself (`flush` would block on the lock for good).
+        queue.push("held\n");
+        let held = queue.0.state.lock().unwrap();
+        let started = Instant::now();
+        queue.drain_by_looking(Duration::from_millis(50));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        drop(held);
     }
 }

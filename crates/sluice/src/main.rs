@@ -301,14 +301,16 @@ fn init_logging() {
     if tracing::subscriber::set_global_default(logger).is_err() {
         eprintln!("warning: a log subscriber was already installed");
     }
+    sluice::logging::flush_on_panic();
     if let Some(warning) = warning {
         tracing::warn!("{warning}");
     }
 }
 
-/// Waits, when dropped, for the event log's writer thread to write what is queued (bounded: a
-/// stalled stderr does not hold the exit for more than `FLUSH_TIMEOUT`). `main` returns or
-/// fails only through it once logging has started: the one `std::process::exit` comes before.
+/// Waits, when dropped, for the event log's writer thread to write what is queued (bounded by
+/// `FLUSH_TIMEOUT`; an error returned from `main` is then printed by std, which waits for
+/// stderr as any write does). `main` returns or fails only through it once logging has
+/// started: the one `std::process::exit` comes before. A panic flushes in its hook.
 struct FlushLog;
 
 impl Drop for FlushLog {
