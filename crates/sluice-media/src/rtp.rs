@@ -299,14 +299,28 @@ impl<T> Reorder<T> {
     }
 
     /// Moves `next` forward by `n`, releasing what is held and counting empty slots as lost.
+    /// Slots are stepped through only while something is held; once nothing is, the rest are
+    /// all empty and skipped in one move. Stepping through them all let a sender whose every
+    /// packet jumps a window plus 1,024 ahead cost ~1,000 steps per tiny packet.
     fn advance(&mut self, n: usize, out: &mut Vec<T>) {
-        for _ in 0..n {
+        let mut left = n;
+        while left > 0 && self.held > 0 {
             let at = self.slot(0);
             match self.slots[at].take() {
                 Some(item) => self.emit(item, out),
                 None => self.stats.lost += 1,
             }
             self.step();
+            left -= 1;
+        }
+        if left > 0 {
+            // What `left` steps over empty slots would do.
+            self.stats.lost += left as u64;
+            self.head = (self.head + left) % self.slots.len();
+            self.next = self.next.map(|s| s.wrapping_add((left % 65536) as u16));
+            self.ahead = self
+                .ahead
+                .saturating_sub(u16::try_from(left).unwrap_or(u16::MAX));
         }
     }
 
@@ -329,6 +343,8 @@ impl<T> Reorder<T> {
     }
 
     fn step(&mut self) {
+        #[cfg(test)]
+        tests::STEPS.with(|s| s.set(s.get() + 1));
         self.head = (self.head + 1) % self.slots.len();
         self.next = self.next.map(|n| n.wrapping_add(1));
         self.ahead = self.ahead.saturating_sub(1);

@@ -772,6 +772,11 @@ async fn refusals() {
     let bad = [
         ("/rtsp/", "path must be /rtsp/host[:port]/path\n"),
         ("/rtsp/h:0/x", "\"0\" is not a port number (1-65535)\n"),
+        // A CR LF in the user name would be a header line of its own in the Digest answer.
+        (
+            "/rtsp/a%0D%0AX-Evil:%201:pw@h/x",
+            "the user name or password in the path holds a control character\n",
+        ),
         (
             "/rtsp/h/x?playseek=tomorrow",
             "playseek: \"tomorrow\" is not a time range (begin[-end]) in a known format\n",

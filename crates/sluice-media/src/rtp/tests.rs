@@ -3,6 +3,11 @@
 use super::*;
 use proptest::prelude::*;
 
+thread_local! {
+    /// Slots `Reorder` stepped through on this thread.
+    pub(super) static STEPS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 fn header(seq: u16) -> Vec<u8> {
     let mut h = vec![0x80, 33];
     h.extend_from_slice(&seq.to_be_bytes());
@@ -141,7 +146,55 @@ fn window_that_does_not_divide_65536_survives_the_wrap() {
     assert_eq!((st.lost, st.reordered), (0, 36));
 }
 
+/// Attack: a sender whose packets each land a window plus 1,024 places past the last (tiny
+/// frames, seq n, n+1056, n+2112, ...). Every other packet is a resync, the ones between skip
+/// 1,024 empty places: that skip is one move, not 1,024 steps, and the counts are those of
+/// stepping through every place.
+#[test]
+fn skipping_an_empty_window_does_not_step_through_it() {
+    let seqs: Vec<u16> = (0..1000u16).map(|k| k.wrapping_mul(1056)).collect();
+    STEPS.with(|s| s.set(0));
+    let (out, st) = run(32, &seqs);
+    let steps = STEPS.with(|s| s.get());
+    assert_eq!(out, seqs);
+    // Each odd packet gives up 1,024 places and then the 31 before it (on the next resync or
+    // the final flush).
+    assert_eq!(
+        st,
+        ReorderStats {
+            delivered: 1000,
+            lost: 500 * 1055,
+            reordered: 0,
+            duplicates: 0,
+            resyncs: 499,
+        }
+    );
+    assert!(steps <= 1000 * 33, "{steps} steps");
+}
+
 proptest! {
+    /// Packets in order with gaps up to 1,024 (never a resync): every one comes out, each gap
+    /// is counted lost, and the window is stepped through at most once per packet, however
+    /// far past it the gaps reach.
+    #[test]
+    fn long_gaps_cost_at_most_a_window_per_packet(
+        window in 1usize..=64,
+        start: u16,
+        gaps in proptest::collection::vec(1u16..=1024, 1..300),
+    ) {
+        let mut seqs = vec![start];
+        for g in &gaps {
+            seqs.push(seqs[seqs.len() - 1].wrapping_add(*g));
+        }
+        STEPS.with(|s| s.set(0));
+        let (out, st) = run(window, &seqs);
+        let steps = STEPS.with(|s| s.get());
+        prop_assert_eq!(&out, &seqs);
+        let lost: u64 = gaps.iter().map(|g| u64::from(*g) - 1).sum();
+        prop_assert_eq!((st.lost, st.resyncs, st.duplicates), (lost, 0, 0));
+        prop_assert!(steps <= (seqs.len() + 1) * (window + 1), "{} steps", steps);
+    }
+
     /// For any window size, a run that crosses the 16-bit wrap with packets lost and moved by
     /// less than the window comes out in sequence order, every surviving packet exactly once,
     /// and every interior gap counted as lost.

@@ -1,5 +1,10 @@
 use super::*;
 
+thread_local! {
+    /// Bytes `find_head_end` searched on this thread.
+    pub(super) static SCANNED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 fn parse(buf: &[u8]) -> Result<Option<(Item, usize)>, RtspError> {
     next_item(buf, Limits::default()).map(Next::into_item)
 }
@@ -70,6 +75,51 @@ fn a_complete_head_names_the_whole_length() {
         panic!("not a message")
     };
     assert_eq!((used, m.body.len(), m.cseq()), (raw.len(), 4000, Some(3)));
+}
+
+/// Attack: a hostile server sends a 16 KiB head a byte per TCP segment. A caller that keeps
+/// `scanned` has the head searched once over, not again from its start on every byte (which
+/// was ~134 M bytes searched for one head), and gets the same message as from one read; the
+/// item after it starts afresh.
+#[test]
+fn a_trickled_head_is_searched_once() {
+    let mut raw = b"RTSP/1.0 200 OK\r\nCSeq: 4\r\n".to_vec();
+    while raw.len() < 16 * 1024 - 32 {
+        raw.extend_from_slice(b"a:b\r\n");
+    }
+    raw.extend_from_slice(b"Content-Length: 2\r\n\r\nok");
+    let whole = next_item(&raw, Limits::default()).unwrap();
+    // Then a message with bare newlines, its blank line also cut between reads.
+    let mut second = b"RTSP/1.0 200 OK\nCSeq: 5\n".to_vec();
+    for _ in 0..100 {
+        second.extend_from_slice(b"a:b\n");
+    }
+    second.extend_from_slice(b"\n");
+    let stream = [raw.as_slice(), &second].concat();
+    let (mut got, mut scanned, mut at) = (Vec::new(), 0, 0);
+    SCANNED.with(|s| s.set(0));
+    for end in 1..=stream.len() {
+        let buf = &stream[at..end];
+        if let Next::Item(item, used) =
+            next_item_resumed(buf, Limits::default(), &mut scanned).unwrap()
+        {
+            assert_eq!(scanned, 0, "reset for the next item");
+            got.push((item, used));
+            at += used;
+        }
+    }
+    let searched = SCANNED.with(|s| s.get());
+    assert_eq!(got.len(), 2);
+    assert_eq!(Next::Item(got[0].0.clone(), got[0].1), whole);
+    let Item::Message(m) = &got[1].0 else {
+        panic!("not a message")
+    };
+    assert_eq!(
+        (m.cseq(), got[1].1, at),
+        (Some(5), second.len(), stream.len())
+    );
+    // Each byte is looked at a few times (the overlap), not once per later byte.
+    assert!(searched <= 4 * stream.len(), "{searched} bytes searched");
 }
 
 #[test]

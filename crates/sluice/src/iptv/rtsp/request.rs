@@ -38,6 +38,8 @@ pub struct Target {
 pub enum RequestError {
     #[error("path must be /rtsp/host[:port]/path")]
     Path,
+    #[error("the user name or password in the path holds a control character")]
+    Credentials,
     #[error("{0:?} is not a valid RTSP server address")]
     Host(String),
     #[error("{0:?} is not a port number (1-65535)")]
@@ -82,6 +84,16 @@ pub fn parse(
         let (user, pass) = u.split_once(':').unwrap_or((u, ""));
         (decode(user), decode(pass))
     });
+    // The user name goes into the Digest `Authorization` header as written: a CR or LF
+    // (`a%0D%0AX-Evil:%201`) would end that header line and start one of the client's
+    // choosing in every request after the challenge. Neither name nor password (RFC 7617
+    // allows no controls in either) may hold any control character.
+    if credentials
+        .as_ref()
+        .is_some_and(|(user, pass)| user.chars().chain(pass.chars()).any(char::is_control))
+    {
+        return Err(RequestError::Credentials);
+    }
     let pairs: Vec<(&str, &str)> = query
         .unwrap_or("")
         .split('&')

@@ -87,8 +87,8 @@ struct Credentials {
 pub struct Session {
     conn: TcpStream,
     buf: BytesMut,
-    /// What the last parse said `buf` must hold before the item at its start can be had.
-    need: usize,
+    /// How far the parses of the item at the start of `buf` got.
+    progress: Progress,
     /// Replies to the server's own requests, written before the next read or request; bytes
     /// leave it only once written (see `flush_outbox`).
     outbox: BytesMut,
@@ -196,7 +196,7 @@ impl Session {
         Session {
             conn,
             buf: BytesMut::with_capacity(64 * 1024),
-            need: 0,
+            progress: Progress::default(),
             outbox: BytesMut::new(),
             outbox_deadline: None,
             limits: Limits::default(),
@@ -368,7 +368,7 @@ impl Session {
     async fn answer(&mut self, method: &'static str, cseq: u32) -> Result<Message, SessionError> {
         let deadline = Instant::now() + self.step;
         loop {
-            while let Some((item, used)) = next_in(&self.buf, &mut self.need, self.limits)? {
+            while let Some((item, used)) = next_in(&self.buf, &mut self.progress, self.limits)? {
                 self.buf.advance(used);
                 if let Item::Message(m) = item {
                     if m.is_request() {
@@ -477,7 +477,7 @@ impl Session {
         let mut used_total = 0;
         let result = loop {
             let rest = &self.buf[used_total..];
-            match next_in(rest, &mut self.need, self.limits) {
+            match next_in(rest, &mut self.progress, self.limits) {
                 Ok(Some((Item::Frame { channel, payload }, used))) => {
                     if Some(channel) == rtp_channel {
                         sink(&rest[payload]);
@@ -544,7 +544,7 @@ impl Session {
                 // not tied to their connection.
                 self.conn = TcpStream::connect(self.conn.peer_addr()?).await?;
                 self.conn.set_nodelay(true)?;
-                (self.buf, self.need, self.cut) = (BytesMut::new(), 0, false);
+                (self.buf, self.progress, self.cut) = (BytesMut::new(), Progress::default(), false);
                 // The rest of a reply belongs to the old connection's stream.
                 self.outbox.clear();
                 self.outbox_deadline = None;
@@ -670,27 +670,38 @@ pub fn redact(url: &str) -> String {
     }
 }
 
-/// The item at the start of `buf`, or `None` while `buf` holds fewer bytes than `need` (what
-/// the last parse asked for, updated here): a message whose body trickles in a byte at a time
-/// is parsed when its head is complete and when its body is, not once per read.
+/// How far the parses of the item at the start of a buffer got, kept between reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Progress {
+    /// What the last parse said the buffer must hold before the item can be had.
+    need: usize,
+    /// How many bytes at the buffer's start the search for the end of the head has been
+    /// through (see `next_item_resumed`).
+    scanned: usize,
+}
+
+/// The item at the start of `buf`, or `None` while `buf` holds fewer bytes than the last
+/// parse asked for (`progress`, updated here): a message whose body trickles in a byte at a
+/// time is parsed when its head is complete and when its body is, not once per read, and a
+/// head that trickles in is searched for its end once over, not from its start on every read.
 fn next_in(
     buf: &[u8],
-    need: &mut usize,
+    progress: &mut Progress,
     limits: Limits,
 ) -> Result<Option<(Item, usize)>, rtsp::RtspError> {
     // An empty buffer holds no item either.
-    if buf.len() < (*need).max(1) {
+    if buf.len() < progress.need.max(1) {
         return Ok(None);
     }
     #[cfg(test)]
     tests::PARSES.with(|p| p.set(p.get() + 1));
-    match rtsp::next_item(buf, limits)? {
+    match rtsp::message::next_item_resumed(buf, limits, &mut progress.scanned)? {
         rtsp::Next::Item(item, used) => {
-            *need = 0;
+            *progress = Progress::default();
             Ok(Some((item, used)))
         }
         rtsp::Next::NeedMore(n) => {
-            *need = n;
+            progress.need = n;
             Ok(None)
         }
     }
@@ -852,6 +863,50 @@ mod tests {
         );
     }
 
+    /// Attack: a hostile server sends a 16 KiB head one byte per read. The session keeps how
+    /// far the search for the head's end got, so each read searches only the new bytes (and
+    /// three before them), not the whole head again; the message comes out whole, and the
+    /// frame after it starts a search afresh.
+    #[test]
+    fn a_trickled_head_is_searched_from_where_it_stopped() {
+        let mut raw = b"RTSP/1.0 200 OK\r\nCSeq: 8\r\n".to_vec();
+        let mut lines = 0;
+        while raw.len() < 16 * 1024 - 32 {
+            raw.extend_from_slice(b"a:b\r\n");
+            lines += 1;
+        }
+        raw.extend_from_slice(b"\r\n");
+        let head = raw.len();
+        raw.extend_from_slice(&[b'$', 0, 0, 1, 7]);
+        let (mut progress, mut buf, mut items) = (Progress::default(), BytesMut::new(), Vec::new());
+        for (at, b) in raw.iter().enumerate() {
+            buf.extend_from_slice(std::slice::from_ref(b));
+            while let Some((item, used)) = next_in(&buf, &mut progress, Limits::default()).unwrap()
+            {
+                items.push(item);
+                buf.advance(used);
+            }
+            if at + 1 < head {
+                // All of it searched: the next read starts there.
+                assert_eq!(progress.scanned, buf.len(), "after {} bytes", at + 1);
+            }
+        }
+        assert_eq!(items.len(), 2);
+        let Item::Message(m) = &items[0] else {
+            panic!("not the message")
+        };
+        assert_eq!((m.cseq(), m.headers.len()), (Some(8), 1 + lines));
+        assert_eq!(
+            items[1],
+            Item::Frame {
+                channel: 0,
+                payload: 4..5
+            }
+        );
+        assert_eq!(progress, Progress::default());
+        assert!(buf.is_empty());
+    }
+
     /// Attack: a hostile server sends a 16 KiB head of thousands of headers, then its 64 KiB
     /// body one byte per read. The session parses the message twice (head complete, body
     /// complete), not once per byte; a frame after it is found as usual.
@@ -868,7 +923,7 @@ mod tests {
         raw.resize(head + 65536, b'x');
         raw.extend_from_slice(&[b'$', 0, 0, 2, 7, 7]);
         let limits = Limits::default();
-        let mut need = 0;
+        let mut progress = Progress::default();
         let mut buf = BytesMut::new();
         buf.extend_from_slice(&raw[..head]);
         let mut items = Vec::new();
@@ -876,7 +931,7 @@ mod tests {
         // The head in one read, then everything else a byte per read.
         for b in &raw[head..] {
             buf.extend_from_slice(std::slice::from_ref(b));
-            while let Some((item, used)) = next_in(&buf, &mut need, limits).unwrap() {
+            while let Some((item, used)) = next_in(&buf, &mut progress, limits).unwrap() {
                 items.push(item);
                 buf.advance(used);
             }
