@@ -130,6 +130,8 @@ struct Playlist {
     target: u64,
     sequence: u64,
     ended: bool,
+    /// `#EXT-X-DISCONTINUITY-SEQUENCE` (0 when absent).
+    discontinuity_sequence: u64,
     segments: Vec<(f64, bool, String)>,
 }
 
@@ -140,6 +142,7 @@ fn parse_playlist(text: &str) -> Playlist {
         target: 0,
         sequence: u64::MAX,
         ended: false,
+        discontinuity_sequence: 0,
         segments: Vec::new(),
     };
     let (mut duration, mut disc) = (None, false);
@@ -148,6 +151,8 @@ fn parse_playlist(text: &str) -> Playlist {
             p.target = v.parse().unwrap();
         } else if let Some(v) = line.strip_prefix("#EXT-X-MEDIA-SEQUENCE:") {
             p.sequence = v.parse().unwrap();
+        } else if let Some(v) = line.strip_prefix("#EXT-X-DISCONTINUITY-SEQUENCE:") {
+            p.discontinuity_sequence = v.parse().unwrap();
         } else if let Some(v) = line.strip_prefix("#EXTINF:") {
             duration = Some(v.trim_end_matches(',').parse::<f64>().unwrap());
         } else if line == "#EXT-X-DISCONTINUITY" {
@@ -1280,9 +1285,9 @@ async fn an_ended_live_channel_polled_all_along_plays_again_when_its_source_does
     let (ended, text) = ended_playlist(&gw, url).await;
     assert!(!ended.segments.is_empty(), "{text}");
     let ended_at = std::time::Instant::now();
-    // The group sends again (live, for 12 s), while a client keeps polling every 500 ms,
+    // The group sends again (live, for 8 s), while a client keeps polling every 500 ms,
     // well inside the idle time (200 ms + 3 × 1 s).
-    let sending = send_live(group, 5621, source.repeat(4), 12.0);
+    let sending = send_live(group, 5621, source.repeat(3), 8.0);
     let live = loop {
         let resp = gw.get(url).await;
         if resp.status() == 200 {
@@ -1313,6 +1318,36 @@ async fn an_ended_live_channel_polled_all_along_plays_again_when_its_source_does
     assert!(p.segments[0].1, "{text}");
     let seg = fetch(&gw, "/hls/rtp/239.255.41.21:5621", &p.segments[0].2).await;
     assert_head(&seg, PMT, VIDEO, &p.segments[0].2);
+    tokio::task::spawn_blocking(move || sending.join().unwrap())
+        .await
+        .unwrap();
+    // It ends and comes back once more: the discontinuity it was started again after has
+    // left the window, and the discontinuity sequence goes on from it (RFC 8216 6.2.2: it
+    // never goes back; it went back to 0).
+    let (ended, text) = ended_playlist(&gw, url).await;
+    let before =
+        ended.discontinuity_sequence + ended.segments.iter().filter(|s| s.1).count() as u64;
+    assert!(before >= 1, "{text}");
+    let ended_at = std::time::Instant::now();
+    let sending = send_live(group, 5621, source.repeat(4), 12.0);
+    let (again, text) = loop {
+        let resp = gw.get(url).await;
+        if resp.status() == 200 {
+            let text = read_text(resp).await;
+            let p = parse_playlist(&text);
+            if !p.ended {
+                break (p, text);
+            }
+        }
+        assert!(
+            ended_at.elapsed() < Duration::from_secs(12),
+            "still ended {:?} after the source came back",
+            ended_at.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(again.segments[0].1, "{text}");
+    assert_eq!(again.discontinuity_sequence, before, "{text}");
     tokio::task::spawn_blocking(move || sending.join().unwrap())
         .await
         .unwrap();

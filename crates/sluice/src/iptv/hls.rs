@@ -133,7 +133,7 @@ const MAX_SEGMENT_BYTES: usize = 32 << 20;
 /// all the time gets a segment at each jump, and every playlist request lists them all. 20,000
 /// is 22 hours of 4-second segments (any programme), and a playlist of about 2 MB plus the
 /// query on each line (at most [`MAX_QUERY_BYTES`]).
-pub(super) const CATCHUP_MAX_SEGMENTS: usize = 20_000;
+const CATCHUP_MAX_SEGMENTS: usize = 20_000;
 
 /// Longest query an HLS request may carry once the player's directives are taken out: it is
 /// written on every segment line (a channel's options and a token take a few hundred bytes).
@@ -226,6 +226,8 @@ pub struct Channel {
     fmp4: Arc<fmp4::Converted>,
     /// Its last playlist (TS or fMP4).
     rendered: render::Rendered,
+    /// A timeshift channel's last whole-window playlist.
+    timeshift: render::TimeshiftMemo,
 }
 
 impl Channel {
@@ -538,7 +540,9 @@ impl Iptv {
         let mut table = registry::lock(&self.hls.channels);
         // A channel started again numbers its segments after the ended one's (whose URIs
         // players may still hold), after a discontinuity.
-        let mut carried = 0;
+        // Its discontinuity sequence goes on from the ended one's too (RFC 8216 6.2.2: it
+        // never goes back): every discontinuity of the ended window has left the new one.
+        let (mut carried, mut carried_gone) = (0, 0);
         if let Some(c) = table.get(&shared) {
             // One that never started is tried again; one that ended is shown ended to its
             // viewers (`#EXT-X-ENDLIST`) until they go, unless the caller restarts it.
@@ -556,6 +560,11 @@ impl Iptv {
                 return Ok(c.clone());
             }
             carried = w.next;
+            carried_gone = w.discontinuities_gone
+                + w.segments
+                    .iter()
+                    .map(|(_, s)| u64::from(s.discontinuity))
+                    .sum::<u64>();
         }
         let peer = req.extensions.get::<std::net::SocketAddr>().copied();
         let sub = self
@@ -566,6 +575,7 @@ impl Iptv {
         let window = Window {
             next: recorder.as_ref().map_or(carried, |r| r.next_sequence()),
             restarted: carried > 0 || recorder.as_ref().is_some_and(|r| r.has_history()),
+            discontinuities_gone: carried_gone,
             ..Window::default()
         };
         sub.hub.hls_segmenters.fetch_add(1, Ordering::AcqRel);
@@ -584,6 +594,7 @@ impl Iptv {
             viewers: viewers::Viewers::default(),
             fmp4: Arc::default(),
             rendered: render::Rendered::new(self.hls.render.clone()),
+            timeshift: render::TimeshiftMemo::default(),
         });
         table.insert(shared, channel.clone());
         drop(table);
@@ -766,7 +777,7 @@ impl Iptv {
         if let Some(recorder) = &channel.recorder {
             // The disk window answers at once, whatever the live channel is doing now.
             if recorder.has_history() {
-                return self.timeshift_playlist(recorder, req).await;
+                return self.timeshift_playlist(channel, recorder, req).await;
             }
         } else if channel.key.rtsp.is_none() && matches!(self.seek_of(req), Ok(Some(_))) {
             return super::text(
@@ -808,7 +819,7 @@ impl Iptv {
         };
         let listing = match listing {
             Ok(listing) => listing,
-            Err(recorder) => return self.timeshift_playlist(recorder, req).await,
+            Err(recorder) => return self.timeshift_playlist(channel, recorder, req).await,
         };
         if container == Container::Fmp4 {
             // Written once per version as the TS one is (and as large, on the blocking pool).
@@ -908,6 +919,7 @@ impl Iptv {
     /// a catch-up range (`playseek=`), the segments covering it, starting where it begins.
     async fn timeshift_playlist(
         &self,
+        channel: &Channel,
         recorder: &Recorder,
         req: &http::request::Parts,
     ) -> Response<Body> {
@@ -916,33 +928,34 @@ impl Iptv {
             Ok(seek) => seek,
             Err(reason) => return super::text(StatusCode::BAD_REQUEST, &format!("{reason}\n")),
         };
-        // At most `timeshift::MAX_SEGMENTS` records of a few dozen bytes.
-        let (segments, gone) = recorder.segments();
-        if segments.is_empty() {
-            return super::text(StatusCode::GATEWAY_TIMEOUT, "no segment recorded yet\n");
-        }
         let target = self.config.hls.target_duration_secs;
-        let listing = match seek {
-            None => TimeshiftListing {
-                entries: segments.iter().map(timeshift_entry).collect(),
+        let Some(seek) = seek else {
+            let memo = &channel.timeshift;
+            let written = timeshift_window(memo, recorder, target, query, &self.hls.render).await;
+            return match written {
+                None => super::text(StatusCode::GATEWAY_TIMEOUT, "no segment recorded yet\n"),
+                Some(Ok(playlist)) => self.playlist_answer(&playlist, req),
+                Some(Err(estimate)) => memory_refused(&self.registry.metrics, estimate),
+            };
+        };
+        // The window's records (at most `timeshift::MAX_SEGMENTS` of a few dozen bytes) go
+        // before the write waits for anything.
+        let listing = {
+            let (segments, _) = recorder.segments();
+            if segments.is_empty() {
+                return super::text(StatusCode::GATEWAY_TIMEOUT, "no segment recorded yet\n");
+            }
+            let begin = seek.begin.unix * 1000;
+            let end = seek.end.map(|e| e.unix * 1000);
+            let Some((picked, offset)) = timeshift::range(&segments, begin, end) else {
+                return outside_window(&segments, begin);
+            };
+            let complete = end.is_some_and(|e| segments.last().is_some_and(|l| l.end_ms() >= e));
+            TimeshiftListing {
+                entries: picked.iter().map(timeshift_entry).collect(),
                 target,
-                gone,
-                complete: None,
-            },
-            Some(seek) => {
-                let begin = seek.begin.unix * 1000;
-                let end = seek.end.map(|e| e.unix * 1000);
-                let Some((picked, offset)) = timeshift::range(&segments, begin, end) else {
-                    return outside_window(&segments, begin);
-                };
-                let complete =
-                    end.is_some_and(|e| segments.last().is_some_and(|l| l.end_ms() >= e));
-                TimeshiftListing {
-                    entries: picked.iter().map(timeshift_entry).collect(),
-                    target,
-                    gone: 0,
-                    complete: Some((complete, offset)),
-                }
+                gone: 0,
+                complete: Some((complete, offset)),
             }
         };
         match write_timeshift(listing, query, &self.hls.render.blocking).await {
@@ -1000,6 +1013,11 @@ impl Iptv {
         let Some(dir) = config.dir.as_deref() else {
             return;
         };
+        // The configuration is checked without `[iptv.hls]` (`TimeshiftConfig::validate`):
+        // a window needing more segments than any keeps is told here.
+        if let Err(reason) = config.check_segments(self.config.hls.target_duration_secs) {
+            tracing::warn!("timeshift: {reason}");
+        }
         for channel in &config.channels {
             let (path, query) = channel.split_once('?').unwrap_or((channel, ""));
             let (key, fcc) = match self.hub_key_of(path, Some(query)) {
@@ -1018,6 +1036,7 @@ impl Iptv {
                 std::path::Path::new(dir).join(name),
                 config.minutes,
                 config.max_bytes,
+                self.config.hls.target_duration_secs,
             ) {
                 Ok(r) => Arc::new(r),
                 Err(e) => {
@@ -1051,6 +1070,11 @@ impl Iptv {
 /// (`timeshift::MAX_SEGMENTS`) with the longest query stays under it; a window without that
 /// bound made playlists of gigabytes, written whole before `sent` refused them.
 const MAX_TIMESHIFT_PLAYLIST: usize = (sent::MAX_SENT_TOTAL / 4) as usize;
+
+// A full window with the longest query is a playlist an answer may send.
+const _: () = assert!(
+    timeshift::MAX_SEGMENTS * (MAX_QUERY_BYTES + TIMESHIFT_LINE_BYTES) <= MAX_TIMESHIFT_PLAYLIST
+);
 
 /// A timeshift playlist estimated at least this large is written on the blocking pool (as the
 /// live channels' large playlists are).
@@ -1101,7 +1125,9 @@ impl TimeshiftListing {
 
 /// Writes a timeshift playlist: refused (with its estimated size) when it would be larger than
 /// [`MAX_TIMESHIFT_PLAYLIST`], before it is written; a large one on the blocking pool, in one
-/// of `places` (those the channels' large playlists share).
+/// of `places` (those the channels' large playlists share), refused too when none is free:
+/// waiting for one, requests queued without bound behind a few large writes, each holding
+/// its listing.
 async fn write_timeshift(
     listing: TimeshiftListing,
     query: &str,
@@ -1114,9 +1140,11 @@ async fn write_timeshift(
     if estimate < TIMESHIFT_INLINE_BYTES {
         return Ok(listing.write(query));
     }
-    // The places are never closed; were they, the playlist is written here.
-    let Ok(place) = places.clone().acquire_owned().await else {
-        return Ok(listing.write(query));
+    let place = match places.clone().try_acquire_owned() {
+        Ok(place) => place,
+        Err(tokio::sync::TryAcquireError::NoPermits) => return Err(estimate),
+        // The places are never closed; were they, the playlist is written here.
+        Err(tokio::sync::TryAcquireError::Closed) => return Ok(listing.write(query)),
     };
     let (listing, owned) = (Arc::new(listing), query.to_owned());
     let job = listing.clone();
@@ -1127,6 +1155,36 @@ async fn write_timeshift(
     .await;
     // Only a panic or a runtime shutting down ends a blocking job early: it is written here.
     Ok(written.unwrap_or_else(|_| listing.write(query)))
+}
+
+/// A timeshift channel's whole-window playlist for `query`: written once per version of the
+/// window and query, shared by its viewers (`memo`), kept within `shared`'s bound and written
+/// in one of its places; `None` while nothing is recorded, `Err` as [`write_timeshift`].
+async fn timeshift_window(
+    memo: &render::TimeshiftMemo,
+    recorder: &Recorder,
+    target: u64,
+    query: &str,
+    shared: &Arc<kept::Shared>,
+) -> Option<Result<Arc<sent::Playlist>, usize>> {
+    let now = recorder.version()?;
+    // The window's records are copied only for a write, and go before it waits for anything.
+    let take = || {
+        let (segments, gone) = recorder.segments();
+        let version = match (segments.first(), segments.last()) {
+            (Some(a), Some(b)) => (a.sequence, b.sequence, gone),
+            _ => now,
+        };
+        let listing = TimeshiftListing {
+            entries: segments.iter().map(timeshift_entry).collect(),
+            target,
+            gone,
+            complete: None,
+        };
+        (version, listing)
+    };
+    let write = |listing| write_timeshift(listing, query, &shared.blocking);
+    Some(memo.get(now, query, shared, take, write).await)
 }
 
 fn timeshift_entry(r: &timeshift::Recorded) -> Entry {
@@ -1463,6 +1521,7 @@ mod tests {
             viewers: viewers::Viewers::default(),
             fmp4: Arc::default(),
             rendered: render::Rendered::new(shared),
+            timeshift: render::TimeshiftMemo::default(),
         }
     }
 
@@ -2038,6 +2097,18 @@ mod tests {
             Err(estimate) => assert!(estimate > MAX_TIMESHIFT_PLAYLIST, "{estimate}"),
             Ok(text) => panic!("a playlist of {} bytes was written", text.len()),
         }
+        // One it could send is refused too while every place is taken, not queued behind the
+        // writes holding them (requests waited there without bound, each with its listing).
+        let busy = tokio::time::timeout(
+            Duration::from_secs(5),
+            write_timeshift(listing(timeshift::MAX_SEGMENTS), &query, &places),
+        )
+        .await
+        .expect("refused at once, not queued for a place");
+        match busy {
+            Err(estimate) => assert!(estimate <= MAX_TIMESHIFT_PLAYLIST, "{estimate}"),
+            Ok(text) => panic!("a playlist of {} bytes was written", text.len()),
+        }
         drop(taken);
         let text = write_timeshift(listing(timeshift::MAX_SEGMENTS), &query, &places)
             .await
@@ -2045,6 +2116,55 @@ mod tests {
         assert!(text.len() <= MAX_TIMESHIFT_PLAYLIST, "{} bytes", text.len());
         assert_eq!(text.matches(".ts?t=").count(), timeshift::MAX_SEGMENTS);
         assert!(text.ends_with(&format!("{}.ts?{query}\n", timeshift::MAX_SEGMENTS - 1)));
+    }
+
+    /// Viewers of one version of a timeshift window (one after another or together) share one
+    /// write of its playlist: each poll wrote the whole window (megabytes for a day).
+    #[tokio::test]
+    async fn viewers_of_one_timeshift_version_share_one_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let recorder = Recorder::open(dir.path().join("ch"), 60, 2 << 30, 4).unwrap();
+        let segment = |n: u64| Segment {
+            data: vec![0x47; 188].into(),
+            duration: 4 * CLOCK,
+            keyframe: true,
+            discontinuity: false,
+            start: n * 4 * CLOCK,
+            number: n,
+        };
+        for n in 0..3 {
+            recorder
+                .keep(n, &segment(n), 1_700_000_000_000 + n as i64 * 4_000)
+                .await;
+        }
+        let memo = render::TimeshiftMemo::default();
+        let shared = Arc::new(kept::Shared::new(kept::MAX_KEPT_TOTAL));
+        let get = |query: &'static str| timeshift_window(&memo, &recorder, 4, query, &shared);
+        let first = get("a=1").await.unwrap().unwrap();
+        let again = get("a=1").await.unwrap().unwrap();
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(memo.writes(), 1);
+        let text = std::str::from_utf8(&first.text).unwrap();
+        assert_eq!(text.matches(".ts?a=1\n").count(), 3, "{text}");
+        // A new segment is a new version: requests arriving together share its one write.
+        recorder.keep(3, &segment(3), 1_700_000_012_000).await;
+        let (a, b) = tokio::join!(get("a=1"), get("a=1"));
+        let (a, b) = (a.unwrap().unwrap(), b.unwrap().unwrap());
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(memo.writes(), 2);
+        assert_eq!(
+            std::str::from_utf8(&a.text)
+                .unwrap()
+                .matches(".ts?a=1\n")
+                .count(),
+            4
+        );
+        // Another query is another playlist.
+        let other = get("b=2").await.unwrap().unwrap();
+        assert!(std::str::from_utf8(&other.text)
+            .unwrap()
+            .contains("3.ts?b=2\n"));
+        assert_eq!(memo.writes(), 3);
     }
 
     #[test]

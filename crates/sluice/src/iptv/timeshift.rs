@@ -4,8 +4,9 @@
 //! Opt-in per channel (`[iptv.timeshift] channels`): each listed channel is segmented from
 //! start-up on, watched or not, and every finished segment is written to `dir/<channel>/<n>.ts`
 //! with its wall-clock start. Files older than `minutes` (or beyond `max_bytes` per channel, or
-//! past [`MAX_SEGMENTS`]) are deleted as new ones arrive; the index of what is on disk lives in memory, and a restart
-//! starts an empty window (leftover files are removed).
+//! past the segments `minutes` needs, [`max_segments`]) are deleted as new ones arrive; the
+//! index of what is on disk lives in memory, and a restart starts an empty window (leftover
+//! files are removed).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -73,13 +74,44 @@ impl TimeshiftConfig {
         }
         Ok(())
     }
+
+    /// Whether a window of `minutes` fits in [`MAX_SEGMENTS`] at `target` seconds a segment
+    /// (`[iptv.hls] target_duration_secs`); past it, the window keeps less than `minutes`.
+    pub fn check_segments(&self, target: u64) -> Result<(), String> {
+        let needed = segments_needed(self.minutes, target);
+        if self.channels.is_empty() || needed <= MAX_SEGMENTS {
+            return Ok(());
+        }
+        Err(format!(
+            "minutes = {} needs {needed} segments of hls.target_duration_secs = {target}; a \
+             window keeps at most {MAX_SEGMENTS} (raise target_duration_secs or lower minutes)",
+            self.minutes
+        ))
+    }
 }
 
-/// Most segments a channel's window keeps, whatever `minutes` and `max_bytes` allow: as many as
-/// a catch-up window. A sender jumping its timestamps at every picture gets a segment of a few
-/// hundred bytes each time: 2 GiB of them was millions of files, and an index (and a playlist
-/// listing it) of as many entries.
-pub const MAX_SEGMENTS: usize = super::hls::CATCHUP_MAX_SEGMENTS;
+/// Most segments any channel's window keeps, whatever `minutes` and `max_bytes` allow: 24 hours
+/// of 3-second segments. A sender jumping its timestamps at every picture gets a segment of a
+/// few hundred bytes each time: 2 GiB of them was millions of files, and an index (and a
+/// playlist listing it) of as many entries. With the longest query on each line, a playlist of
+/// them all is still one an answer may send (checked where it is written, in `hls`).
+pub const MAX_SEGMENTS: usize = 30_000;
+
+/// Segments of `target` seconds a window of `minutes` holds.
+pub fn segments_needed(minutes: u64, target: u64) -> usize {
+    usize::try_from((minutes * 60).div_ceil(target.max(1))).unwrap_or(usize::MAX)
+}
+
+/// Most segments a window of `minutes` keeps at `target` seconds each: what it needs, and a
+/// quarter more (segments are cut at keyframes and at breaks, often shorter than the target),
+/// within [`MAX_SEGMENTS`].
+pub fn max_segments(minutes: u64, target: u64) -> usize {
+    let needed = segments_needed(minutes, target);
+    needed
+        .saturating_add(needed / 4)
+        .saturating_add(64)
+        .min(MAX_SEGMENTS)
+}
 
 /// One segment on disk.
 #[derive(Debug, Clone, Copy)]
@@ -116,12 +148,20 @@ pub struct Recorder {
     dir: PathBuf,
     keep_ms: i64,
     max_bytes: u64,
+    /// [`max_segments`] of its configuration.
+    max_segments: usize,
     index: Mutex<Index>,
 }
 
 impl Recorder {
-    /// Prepares (and empties) the channel's directory.
-    pub fn open(dir: PathBuf, minutes: u64, max_bytes: u64) -> std::io::Result<Recorder> {
+    /// Prepares (and empties) the channel's directory, for a window of `minutes` of segments
+    /// of `target` seconds.
+    pub fn open(
+        dir: PathBuf,
+        minutes: u64,
+        max_bytes: u64,
+        target: u64,
+    ) -> std::io::Result<Recorder> {
         std::fs::create_dir_all(&dir)?;
         for entry in std::fs::read_dir(&dir)? {
             let path = entry?.path();
@@ -133,6 +173,7 @@ impl Recorder {
             dir,
             keep_ms: (minutes * 60_000) as i64,
             max_bytes,
+            max_segments: max_segments(minutes, target),
             index: Mutex::new(Index::default()),
         })
     }
@@ -168,7 +209,7 @@ impl Recorder {
             let mut gone = Vec::new();
             while let Some(old) = index.segments.front().copied() {
                 let too_old = wall_ms - old.wall_ms > self.keep_ms;
-                let too_many = index.segments.len() > MAX_SEGMENTS;
+                let too_many = index.segments.len() > self.max_segments;
                 if !too_old && !too_many && index.bytes <= self.max_bytes
                     || index.segments.len() == 1
                 {
@@ -193,6 +234,14 @@ impl Recorder {
             index.segments.iter().copied().collect(),
             index.discontinuities_gone,
         )
+    }
+
+    /// The window's first and newest sequence and the discontinuities gone before it (what
+    /// its whole-window playlist depends on); `None` while it is empty.
+    pub fn version(&self) -> Option<(u64, u64, u64)> {
+        let index = registry::lock(&self.index);
+        let (first, last) = (index.segments.front()?, index.segments.back()?);
+        Some((first.sequence, last.sequence, index.discontinuities_gone))
     }
 
     /// Segment `n` as a body read from its file as it is sent, and its length, when it is still
@@ -290,31 +339,62 @@ mod tests {
     }
 
     /// A sender jumping its timestamps at every picture makes a tiny segment of each: the
-    /// window stops at `MAX_SEGMENTS` whatever `minutes` and `max_bytes` allow, the oldest
-    /// going with their files.
+    /// window stops at what `minutes` needs (a quarter more, and 64), whatever `minutes` and
+    /// `max_bytes` allow, the oldest going with their files.
     #[tokio::test]
     async fn the_window_keeps_at_most_max_segments() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ch");
-        let recorder = Recorder::open(path.clone(), 24 * 60, 2 << 30).unwrap();
+        // One minute of 1-second segments: 60, and 15 + 64 more.
+        let recorder = Recorder::open(path.clone(), 1, 2 << 30, 1).unwrap();
+        let most = 60 + 15 + 64;
+        assert_eq!(max_segments(1, 1), most);
         let extra = 5;
-        for n in 0..(MAX_SEGMENTS + extra) as u64 {
+        for n in 0..(most + extra) as u64 {
             recorder.keep(n, &small(n, 1), 1_000 + n as i64).await;
         }
         let (segments, _) = recorder.segments();
-        assert_eq!(segments.len(), MAX_SEGMENTS);
+        assert_eq!(segments.len(), most);
         assert_eq!(segments[0].sequence, extra as u64, "the oldest went");
-        assert_eq!(
-            segments.last().unwrap().sequence,
-            (MAX_SEGMENTS + extra - 1) as u64
-        );
+        assert_eq!(segments.last().unwrap().sequence, (most + extra - 1) as u64);
         let files = std::fs::read_dir(&path).unwrap().count();
-        assert_eq!(files, MAX_SEGMENTS, "their files went too");
+        assert_eq!(files, most, "their files went too");
         for n in 0..extra as u64 {
             assert!(!path.join(format!("{n}.ts")).exists(), "{n}.ts left");
             assert!(recorder.read(n).await.is_none());
         }
         assert!(path.join(format!("{extra}.ts")).exists());
+    }
+
+    /// A valid configuration keeps its whole window: 24 hours of 4-second segments are 21,600
+    /// (a fixed bound of 20,000 cut the last two hours away); past [`MAX_SEGMENTS`] the
+    /// configuration is told what it loses.
+    #[tokio::test]
+    async fn a_day_of_four_second_segments_is_kept_whole() {
+        assert_eq!(segments_needed(24 * 60, 4), 21_600);
+        assert_eq!(max_segments(24 * 60, 4), 21_600 + 5_400 + 64);
+        assert_eq!(max_segments(24 * 60, 1), MAX_SEGMENTS);
+        let config = |minutes| TimeshiftConfig {
+            dir: Some("/tmp/ts".into()),
+            minutes,
+            channels: vec!["/rtp/239.1.1.1:5000".into()],
+            ..TimeshiftConfig::default()
+        };
+        assert!(config(24 * 60).check_segments(3).is_ok());
+        let err = config(24 * 60).check_segments(2).unwrap_err();
+        assert!(err.contains("needs 43200 segments"), "{err}");
+        assert!(err.contains(&format!("at most {MAX_SEGMENTS}")), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let recorder = Recorder::open(dir.path().join("ch"), 24 * 60, 2 << 30, 4).unwrap();
+        let day = 21_600u64;
+        for n in 0..day {
+            recorder.keep(n, &small(n, 1), n as i64 * 4_000).await;
+        }
+        let (segments, _) = recorder.segments();
+        assert_eq!(segments.len(), day as usize);
+        assert_eq!(segments[0].sequence, 0);
+        assert!(recorder.read(0).await.is_some());
     }
 
     /// `read` finds a segment in a few looks at a full index (it was a walk of all of it, under
@@ -323,25 +403,28 @@ mod tests {
     async fn a_segment_is_read_after_a_few_looks() {
         use http_body_util::BodyExt;
         let dir = tempfile::tempdir().unwrap();
-        let recorder = Recorder::open(dir.path().join("ch"), 24 * 60, 2 << 30).unwrap();
-        for n in 0..MAX_SEGMENTS as u64 {
+        let recorder = Recorder::open(dir.path().join("ch"), 24 * 60, 2 << 30, 4).unwrap();
+        let count = 20_000u64;
+        for n in 0..count {
             // A varying length tells the segments apart by more than their byte.
             recorder
                 .keep(n, &small(n, 1 + (n % 7) as usize), 1_000 + n as i64)
                 .await;
         }
-        for n in [0, 1, 7_777, MAX_SEGMENTS as u64 - 1] {
+        // Some looks, and few: a walk (which counts none) or a search of all would fail.
+        let looks = 1..=16;
+        for n in [0, 1, 7_777, count - 1] {
             PROBES.with(|p| p.set(0));
             let (body, len) = recorder.read(n).await.unwrap();
             let probes = PROBES.with(std::cell::Cell::get);
-            assert!(probes <= 16, "{probes} looks for segment {n}");
+            assert!(looks.contains(&probes), "{probes} looks for segment {n}");
             let data = body.collect().await.unwrap().to_bytes();
             assert_eq!(len, 1 + n % 7);
             assert_eq!(&data[..], &vec![n as u8; 1 + (n % 7) as usize][..]);
         }
         PROBES.with(|p| p.set(0));
-        assert!(recorder.read(MAX_SEGMENTS as u64).await.is_none());
-        assert!(PROBES.with(std::cell::Cell::get) <= 16);
+        assert!(recorder.read(count).await.is_none());
+        assert!(looks.contains(&PROBES.with(std::cell::Cell::get)));
     }
 
     fn rec(sequence: u64, wall_ms: i64) -> Recorded {
@@ -384,7 +467,7 @@ mod tests {
     async fn a_recorded_segment_is_streamed_in_bounded_chunks() {
         use http_body_util::BodyExt;
         let dir = tempfile::tempdir().unwrap();
-        let recorder = Recorder::open(dir.path().join("ch"), 30, 300_000).unwrap();
+        let recorder = Recorder::open(dir.path().join("ch"), 30, 300_000, 4).unwrap();
         let segment = |n: u64| Segment {
             data: (0..200_000u32)
                 .map(|i| (i.wrapping_mul(7) ^ n as u32) as u8)

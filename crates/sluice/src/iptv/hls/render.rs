@@ -588,6 +588,82 @@ impl Inner {
     }
 }
 
+/// What one timeshift window lists, as far as its whole-window playlist goes: its first and
+/// newest sequence and the discontinuities gone before it (a window changes only when a
+/// segment is stored, which moves the newest).
+pub(super) type TimeshiftVersion = (u64, u64, u64);
+
+/// The last whole-window timeshift playlist written for a channel, for the requests of the
+/// same version and query. A full window lists up to `timeshift::MAX_SEGMENTS` segments
+/// (megabytes with a query on each line): written on every poll, a hundred viewers reloading
+/// once a target duration each made one such write, all queued on the blocking pool's places.
+/// Requests for a new version wait for the one writing it (a lock held only while one write
+/// runs: the write never waits for a place), then share what it wrote.
+#[derive(Debug, Default)]
+pub(super) struct TimeshiftMemo {
+    last: tokio::sync::Mutex<Option<TimeshiftLast>>,
+    /// Playlists written (for tests: requests of one version share one).
+    #[cfg(test)]
+    writes: AtomicU64,
+}
+
+#[derive(Debug)]
+struct TimeshiftLast {
+    version: TimeshiftVersion,
+    query: Box<str>,
+    /// Its part of `MAX_KEPT_TOTAL` goes with it (and lasts while answers still send it).
+    playlist: Arc<Playlist>,
+}
+
+impl TimeshiftMemo {
+    /// The whole-window playlist for `query`: the one written last when `now` (the window's
+    /// version as it is) is its version, else written from `take` (the window's version and
+    /// listing, copied when called) by `write`, and kept within `shared`'s bound. `Err`
+    /// carries what `write` refused (an estimated size).
+    pub(super) async fn get<W, F>(
+        &self,
+        now: TimeshiftVersion,
+        query: &str,
+        shared: &Arc<Shared>,
+        take: impl FnOnce() -> (TimeshiftVersion, super::TimeshiftListing),
+        write: W,
+    ) -> Result<Arc<Playlist>, usize>
+    where
+        W: FnOnce(super::TimeshiftListing) -> F,
+        F: std::future::Future<Output = Result<String, usize>>,
+    {
+        let mut last = self.last.lock().await;
+        if let Some(l) = last.as_ref() {
+            if l.version == now && *l.query == *query {
+                return Ok(l.playlist.clone());
+            }
+        }
+        let (version, listing) = take();
+        #[cfg(test)]
+        self.writes.fetch_add(1, Ordering::AcqRel);
+        let playlist = Playlist::new(write(listing).await?);
+        // The old one's bytes go back first (unless answers still send it).
+        *last = None;
+        if playlist.text.len() <= MAX_KEPT_BYTES {
+            if let Some(held) = shared.reserve_playlist(playlist.text.len() as u64) {
+                playlist.keep(held);
+                *last = Some(TimeshiftLast {
+                    version,
+                    query: query.into(),
+                    playlist: playlist.clone(),
+                });
+            }
+        }
+        Ok(playlist)
+    }
+
+    /// Playlists written so far.
+    #[cfg(test)]
+    pub(super) fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Acquire)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
