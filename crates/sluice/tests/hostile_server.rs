@@ -1,6 +1,6 @@
 //! Attack catalogue against a running server's resource bounds: too many connections, clients that
-//! stop reading, TLS handshakes that never finish, HTTP/2 stream floods and oversize header lists,
-//! and an IPTV viewer that freezes while others watch.
+//! stop reading, request heads sent a byte at a time, TLS handshakes that never finish, HTTP/2
+//! stream floods and oversize header lists, and an IPTV viewer that freezes while others watch.
 
 mod iptv_support;
 mod self_signed;
@@ -205,6 +205,37 @@ async fn slow_but_reading_client_is_not_cut() {
     if let Ok((sent, e)) = ended.try_recv() {
         panic!("a reading client was cut after {sent} bytes: {e}");
     }
+}
+
+// === Slow request heads ===
+
+/// A head just under `server.max_header_bytes` (60 KiB of 64 KiB) sent a byte per write is still
+/// answered. Each read brought one byte and the whole held head was parsed again after each (about
+/// 2×10⁹ bytes scanned for one connection); now it is parsed again only when an LF arrives (the
+/// CPU part is shown by `server::screen`'s and `server::h1fast`'s unit tests).
+#[tokio::test]
+async fn a_long_head_sent_a_byte_at_a_time_is_answered() {
+    let s = Sluice::start(test_config()).await;
+    let mut head = format!("GET /health HTTP/1.1\r\nHost: {}\r\n", s.addr).into_bytes();
+    for i in 0..62 {
+        head.extend_from_slice(format!("X-Pad-{i}: {}\r\n", "v".repeat(1000)).as_bytes());
+    }
+    head.extend_from_slice(b"Connection: close\r\n\r\n");
+    assert!(head.len() > 60 * 1024 && head.len() < 64 * 1024);
+    let mut tcp = TcpStream::connect(s.addr).await.unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let started = Instant::now();
+    for b in &head {
+        tcp.write_all(std::slice::from_ref(b)).await.unwrap();
+    }
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut answer))
+        .await
+        .expect("answered in time")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(10));
 }
 
 // === TLS ===

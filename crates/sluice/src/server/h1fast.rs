@@ -158,6 +158,21 @@ fn classify(buf: &[u8], max_fields: usize) -> Result<Option<Simple<'_>>, ()> {
     }))
 }
 
+/// [`classify`] when `parse`; `None` (the head is still incomplete) when not. Parses are counted
+/// in tests.
+fn classify_if(
+    parse: bool,
+    buf: &[u8],
+    max_fields: usize,
+) -> Option<Result<Option<Simple<'_>>, ()>> {
+    if !parse {
+        return None;
+    }
+    #[cfg(test)]
+    tests::PARSES.with(|n| n.set(n.get() + 1));
+    Some(classify(buf, max_fields))
+}
+
 /// What a fast-path connection keeps while it waits for a request: the socket, when it
 /// went idle, whether a request was served, and its place on the runtime's clock. Everything a
 /// request needs (the head buffer, the request being served) lives in a box allocated when the
@@ -269,15 +284,20 @@ impl<H: Handler> Conn<H> {
             }
         };
         let mut head_by = head_deadline(idle);
+        // Whether the head must be parsed again: not after a read that brought no LF while under
+        // the limit (a head is only ever complete at an LF), nor after a wait, so a head sent a
+        // byte at a time is parsed once per line, not once per read (which was quadratic).
+        let mut parse = !buf.is_empty();
         loop {
-            let step = match classify(buf, max_fields) {
-                Err(()) => Step::HandOff,
+            let step = match classify_if(parse, buf, max_fields) {
+                None => Step::Read,
+                Some(Err(())) => Step::HandOff,
                 // A whole head over the limit (one read may bring more than the limit): the
                 // screen under hyper answers it 431.
-                Ok(Some(simple)) if simple.len > max_bytes => Step::HandOff,
-                Ok(Some(simple)) => self.serve_one(simple, idle, &mut watch, peer).await,
-                Ok(None) if buf.len() > max_bytes => Step::HandOff,
-                Ok(None) => Step::Read,
+                Some(Ok(Some(simple))) if simple.len > max_bytes => Step::HandOff,
+                Some(Ok(Some(simple))) => self.serve_one(simple, idle, &mut watch, peer).await,
+                Some(Ok(None)) if buf.len() > max_bytes => Step::HandOff,
+                Some(Ok(None)) => Step::Read,
             };
             match step {
                 // The HTTP/2 preface opens a connection (RFC 9113 §3.4): after HTTP/1.1 requests
@@ -289,6 +309,8 @@ impl<H: Handler> Conn<H> {
                 Step::Closed => return End::Closed,
                 Step::Next(len) => {
                     buf.drain(..len);
+                    // What follows (a pipelined request) has not been parsed yet.
+                    parse = !buf.is_empty();
                     idle.begun = true;
                     idle.since = recent();
                     head_by = idle.since + t.header_read;
@@ -300,8 +322,15 @@ impl<H: Handler> Conn<H> {
                 buf.reserve(FIRST_READ);
             }
             let was_empty = buf.is_empty();
+            let start = buf.len();
             let read = std::future::poll_fn(|cx| Poll::Ready(idle.stream.read_now(cx, buf)));
-            match read.await {
+            let read = read.await;
+            // One look for an LF in the new bytes only (it stops at the first: the request
+            // line's end when a whole head came in one read), or past the limit, which the
+            // parse turns into a hand-off (the screen under hyper answers 431, or hyper the
+            // parse error).
+            parse = buf.len() > max_bytes || buf[start..].contains(&b'\n');
+            match read {
                 Ok(0) if was_empty => return End::Closed,
                 // The end of the stream inside a head: hyper answers a truncated head.
                 Ok(0) => return End::HandOff(std::mem::take(buf)),
@@ -413,6 +442,197 @@ enum Step {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::cell::Cell;
+    use std::pin::Pin;
+
+    use crate::server::activity::{Activity, ActivityGuard};
+    use crate::server::handler::{FastClient, ListenerId, Served};
+
+    thread_local! {
+        /// The heads the connection loop parsed on this thread.
+        pub(super) static PARSES: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// A client whose bytes come from a script: one byte per read, every other read finding
+    /// nothing (`WouldBlock`), as a head sent a byte at a time arrives. The loop waits on the real
+    /// socket underneath, which is kept readable (its peer wrote a byte nobody reads).
+    struct OneByte {
+        tcp: Watched<TcpStream>,
+        script: Vec<u8>,
+        at: usize,
+        blocked: bool,
+    }
+
+    impl tokio::io::AsyncWrite for OneByte {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            data: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            Pin::new(&mut self.tcp).poll_write(cx, data)
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.tcp).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.tcp).poll_shutdown(cx)
+        }
+    }
+
+    impl FastClient for OneByte {
+        fn socket(&self) -> Option<&TcpStream> {
+            None
+        }
+        fn wrote(&self) {}
+        fn write_blocked(&self) {}
+    }
+
+    impl FastStream for OneByte {
+        const SECURE: bool = false;
+
+        fn tcp(&self) -> &Watched<TcpStream> {
+            &self.tcp
+        }
+
+        fn read_now(&mut self, _: &mut Context<'_>, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+            // Alternately a byte and nothing.
+            self.blocked = !self.blocked;
+            if self.blocked {
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            let Some(&b) = self.script.get(self.at) else {
+                return Ok(0);
+            };
+            self.at += 1;
+            buf.push(b);
+            Ok(1)
+        }
+    }
+
+    /// A handler with no fast route: a complete head is handed to hyper.
+    struct NoRoutes;
+
+    impl Handler for NoRoutes {
+        async fn handle(
+            &self,
+            _: http::Request<crate::body::Incoming>,
+            _: SocketAddr,
+            _: bool,
+            _: ActivityGuard,
+        ) -> http::Response<crate::body::Body> {
+            unreachable!()
+        }
+        fn connection_accepted(&self) {}
+        fn http_metrics(&self) -> &crate::metrics::HttpMetrics {
+            unreachable!()
+        }
+        fn accept_metrics(&self) -> &crate::server::listener::AcceptMetrics {
+            unreachable!()
+        }
+        fn splices_streams(&self) -> bool {
+            false
+        }
+        type FastRoute = ();
+        fn has_fast_routes(&self) -> bool {
+            true
+        }
+        fn fast_route(&self, _: ListenerId, _: &str, _: &str) -> Option<()> {
+            None
+        }
+        async fn serve_fast<W: FastClient + Send + Sync>(
+            &self,
+            _: (),
+            _: FastRequest<'_>,
+            _: &str,
+            _: &str,
+            _: SocketAddr,
+            _: &mut W,
+            _: ActivityGuard,
+        ) -> Served {
+            unreachable!()
+        }
+    }
+
+    /// Runs the connection loop over `script` sent a byte at a time (`max_bytes` the head
+    /// limit): how it ended, and how many times it parsed the head.
+    async fn one_byte_at_a_time(script: Vec<u8>, max_bytes: usize) -> (End, usize) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, peer) = listener.accept().await.unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"x")
+            .await
+            .unwrap();
+        let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+        let config = crate::server::ServerConfig::default();
+        let conn = Arc::new(Conn {
+            builder: Arc::new(crate::server::http_builder(&config)),
+            handler: Arc::new(NoRoutes),
+            tls: Default::default(),
+            stop: stop.clone(),
+            timeouts: crate::server::Timeouts {
+                idle: Duration::from_secs(30),
+                send: Duration::from_secs(30),
+                tls_handshake: Duration::from_secs(30),
+                header_read: Duration::from_secs(30),
+            },
+            head_limits: (max_bytes, 100),
+            listener: ListenerId::default(),
+            splice: false,
+            fast_path: true,
+            alt_svc: None,
+            h2_own: None,
+            clock: Clock::start(stop),
+        });
+        let stream = OneByte {
+            tcp: Watched::new(server, Activity::new()),
+            script,
+            at: 0,
+            // The first read finds a byte (one finding none would leave the connection idle).
+            blocked: true,
+        };
+        let idle = Idle::new(stream, conn.clock.clone());
+        PARSES.with(|n| n.set(0));
+        let (_, end) = conn.serve_busy(idle, peer).await;
+        (end, PARSES.with(Cell::get))
+    }
+
+    /// A head sent a byte at a time is parsed once per line (and once past the limit), not once
+    /// per read: parsing the whole buffer again after every byte was quadratic (a 64 KiB head
+    /// cost a worker most of a second). It still reaches hyper whole.
+    #[tokio::test]
+    async fn a_head_sent_a_byte_at_a_time_is_parsed_once_per_line() {
+        let mut head = b"GET / HTTP/1.1\r\nHost: x\r\n".to_vec();
+        for i in 0..10 {
+            head.extend_from_slice(format!("X-{i}: {}\r\n", "v".repeat(300)).as_bytes());
+        }
+        head.extend_from_slice(b"\r\n");
+        let lines = head.iter().filter(|&&b| b == b'\n').count();
+        let (end, parses) = one_byte_at_a_time(head.clone(), 64 * 1024).await;
+        assert!(matches!(&end, End::HandOff(bytes) if *bytes == head));
+        assert!(
+            parses <= lines,
+            "{parses} parses of a {}-byte head",
+            head.len()
+        );
+        // A line that never ends is handed on (the screen under hyper answers 431) once past
+        // the limit, parsed once there.
+        let mut long = b"GET /".to_vec();
+        long.resize(5000, b'a');
+        let (end, parses) = one_byte_at_a_time(long, 4096).await;
+        assert!(matches!(&end, End::HandOff(bytes) if bytes.len() == 4097));
+        assert_eq!(parses, 1);
+        // A bad method is handed on (hyper answers 400) at its line's end at the latest.
+        let (end, parses) = one_byte_at_a_time(b"G(T / HTTP/1.1\r\nHost".to_vec(), 4096).await;
+        assert!(matches!(&end, End::HandOff(bytes) if bytes.len() == 16));
+        assert_eq!(parses, 1);
+    }
 
     proptest! {
         /// Whatever the bytes, the classifier answers (serve, wait or hand off) and never panics;

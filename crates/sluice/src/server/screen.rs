@@ -227,6 +227,8 @@ impl<I> Screened<I> {
                 return at;
             }
             if self.screen.at_head() {
+                #[cfg(test)]
+                tests::SCREENS.with(|n| n.set(n.get() + 1));
                 match self.screen.head(&mut data[at..]) {
                     Head::Partial => return at,
                     Head::Passed(n) => {
@@ -363,6 +365,13 @@ impl<I: AsyncRead + Unpin> AsyncRead for Screened<I> {
                 this.ready = this.held.len();
                 continue;
             }
+            // A head is only ever complete at an LF: until one comes (or the head passes the
+            // limit) it is not parsed again, so a head sent a byte at a time is parsed once per
+            // line, not once per read (which was quadratic). A head the parser would refuse
+            // without an LF (a bad method, say) is handed on at the next LF or the limit.
+            if this.held.len() <= this.limits.0 && !this.held[start..].contains(&b'\n') {
+                continue;
+            }
             let mut held = std::mem::take(&mut this.held);
             let ready = this.screen(&mut held);
             this.keep(held, ready);
@@ -433,6 +442,74 @@ mod tests {
         screened.read_to_end(&mut out).await.unwrap();
         writer.await.unwrap();
         (out, refused.get())
+    }
+
+    thread_local! {
+        /// The heads parsed on this thread.
+        pub(super) static SCREENS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Gives its bytes one per read, as a head sent a byte at a time arrives.
+    struct OneByte(std::collections::VecDeque<u8>);
+
+    impl AsyncRead for OneByte {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            if let Some(b) = self.0.pop_front() {
+                buf.put_slice(&[b]);
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// What hyper reads from `bytes` sent a byte at a time through a screen with an 8 KiB head
+    /// limit, how many heads were refused, and how many times a head was parsed.
+    async fn one_byte_at_a_time(bytes: &[u8]) -> (Vec<u8>, u64, usize) {
+        let (mut screened, refused) = screen_of(OneByte(bytes.iter().copied().collect()));
+        SCREENS.with(|n| n.set(0));
+        let mut out = Vec::new();
+        screened.read_to_end(&mut out).await.unwrap();
+        (out, refused.get(), SCREENS.with(std::cell::Cell::get))
+    }
+
+    /// A head sent a byte at a time is screened once per line (and once past the limit), not
+    /// once per read: parsing the whole held head again after every byte was quadratic (a 64 KiB
+    /// head cost a worker most of a second). What hyper reads is unchanged.
+    #[tokio::test]
+    async fn a_head_sent_a_byte_at_a_time_is_screened_once_per_line() {
+        let mut head = b"POST / HTTP/1.1\r\nHost: x\r\n".to_vec();
+        for i in 0..10 {
+            head.extend_from_slice(format!("X-{i}: {}\r\n", "v".repeat(300)).as_bytes());
+        }
+        head.extend_from_slice(b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n");
+        let lines = head.iter().filter(|&&b| b == b'\n').count();
+        let (out, refused, screens) = one_byte_at_a_time(&head).await;
+        assert!(
+            screens <= lines + 1,
+            "{screens} parses of {} bytes",
+            head.len()
+        );
+        // Still refused, when whole.
+        assert_eq!(refused, 1);
+        assert_eq!(out.len(), head.len());
+        assert!(String::from_utf8_lossy(&out).contains("Transfer-Encoding  chunked"));
+        // A line that never ends: hyper is given the head it refuses as too large, once the
+        // limit is passed.
+        let mut long = b"GET /".to_vec();
+        long.resize(9000, b'a');
+        let (out, _, screens) = one_byte_at_a_time(&long).await;
+        assert_eq!(out, overflow_head((8192, 100)));
+        // Its first byte, then past the limit.
+        assert_eq!(screens, 2);
+        // A bad method goes to hyper (which answers 400) at its line's end.
+        let bad = b"G(T / HTTP/1.1\r\nHost: x\r\n\r\n";
+        let (out, _, screens) = one_byte_at_a_time(bad).await;
+        assert_eq!(out, bad);
+        // Its first byte, then its first line.
+        assert_eq!(screens, 2);
     }
 
     /// Counts the reads that reach the socket.
