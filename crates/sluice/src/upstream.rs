@@ -121,10 +121,10 @@ pub struct Upstream {
 impl Upstream {
     /// Builds the client and registers its metrics under `upstream_`.
     pub fn new(config: &UpstreamConfig, registry: &mut Registry) -> anyhow::Result<Self> {
-        Self::build(config, registry, connector::MAX_POOLED_CONNECTIONS)
+        Self::build(config, registry, connector::MAX_POOLED_ORIGINS)
     }
 
-    /// [`Upstream::new`] with `pooled_cap` in place of [`connector::MAX_POOLED_CONNECTIONS`]
+    /// [`Upstream::new`] with `pooled_cap` in place of [`connector::MAX_POOLED_ORIGINS`]
     /// (tests use a small one).
     fn build(
         config: &UpstreamConfig,

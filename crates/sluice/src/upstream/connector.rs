@@ -1,8 +1,8 @@
 //! Connection setup for the pooled client: DNS, the SSRF guard, the per-host setup limit, outgoing
 //! proxy routes, Happy Eyeballs, TLS with ALPN, and a deadline on the setup itself (not on the
-//! wait for a setup slot, which the request's time-to-headers deadline bounds). The pooled client's
-//! connections are counted over all origins, and those made past [`MAX_POOLED_CONNECTIONS`] serve
-//! their request and close rather than wait in the pool.
+//! wait for a setup slot, which the request's time-to-headers deadline bounds). The pooled client
+//! keeps connections for reuse to at most [`MAX_POOLED_ORIGINS`] origins at once; a connection to
+//! one more serves its request and closes rather than wait in the pool.
 
 use std::collections::HashMap;
 #[cfg(feature = "upstream-pool")]
@@ -11,7 +11,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 #[cfg(feature = "upstream-pool")]
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -127,21 +127,22 @@ impl Connector {
 
     /// A connection to `uri`'s origin (TLS for `https`), set up as for pooled requests.
     pub async fn open(&self, uri: &Uri) -> Result<Conn, ConnectError> {
-        self.inner.connect(uri.clone(), true).await
+        self.inner.connect(uri.clone(), || true).await
     }
 }
 
-/// Connections of the pooled client, in flight and idle, over all origins, that may be kept for
-/// reuse; one made past it serves its request and closes. hyper-util's pool bounds idle
-/// connections per origin only, and each `/proxy/stream` URL may name an origin of its own
-/// (wildcard DNS, ports), so without it request rate × `upstream.pool_idle_secs` sockets stayed
-/// open. The same bound as the raw pool's idle sockets (`raw::MAX_IDLE_TOTAL`); in flight ones
-/// count too because the connector cannot see which are idle, so past 1,024 concurrent pooled
-/// connections new ones go without keep-alive, no worse than an origin that closes.
-pub const MAX_POOLED_CONNECTIONS: usize = 1024;
+/// Origins (the pool's key: scheme and authority) to which the pooled client keeps connections
+/// for reuse at once; a connection to one more origin serves its request and closes. hyper-util's
+/// pool bounds idle connections per origin only, and each `/proxy/stream` URL may name an origin
+/// of its own (wildcard DNS, ports), so without it request rate × `upstream.pool_idle_secs` idle
+/// sockets stayed open. Origins are counted, not connections: an origin that holds a place keeps
+/// every connection to it (hyper-util's `pool_max_idle_per_host` bounds its idle ones), so busy
+/// origins' keep-alive never depends on how many streams are open. The same figure as the raw
+/// pool's idle sockets (`raw::MAX_IDLE_TOTAL`).
+pub const MAX_POOLED_ORIGINS: usize = 1024;
 
-/// The pooled client's connector: [`Connector`] with a count of its open connections, each
-/// connection holding its place until it closes.
+/// The pooled client's connector: [`Connector`] with a count of the open connections to each
+/// origin, each connection holding its origin's place until it closes.
 #[cfg(feature = "upstream-pool")]
 #[derive(Clone)]
 pub struct PoolConnector {
@@ -149,37 +150,78 @@ pub struct PoolConnector {
     live: Arc<Live>,
 }
 
-/// The pooled client's open connections (and those being set up) and their bound.
+/// The origins holding places, each with its count of open connections (an origin leaves at
+/// zero, so the map is no larger than the open connections), and the bound on origins.
 #[cfg(feature = "upstream-pool")]
 struct Live {
-    count: AtomicUsize,
+    origins: Mutex<HashMap<String, usize>>,
     cap: usize,
 }
 
-/// One connection's place in [`Live`], given back when the connection is dropped (closed).
+#[cfg(feature = "upstream-pool")]
+impl Live {
+    /// Whether a connection to `origin` set up now would be kept: its origin holds a place or
+    /// there is room for one more. Only a hint (for offering HTTP/2): [`Live::take`] decides.
+    fn has_room(&self, origin: &str) -> bool {
+        let origins = self.origins.lock().expect("origin map poisoned");
+        origins.len() < self.cap || origins.contains_key(origin)
+    }
+
+    /// A place for one more connection to `origin`, or `None` when `cap` other origins hold
+    /// places. `force`: take one anyway (an HTTP/2 connection, which cannot be made to close
+    /// after its response; only a setup that saw room and lost it to another can ask).
+    fn take(self: &Arc<Self>, origin: String, force: bool) -> Option<Place> {
+        let mut origins = self.origins.lock().expect("origin map poisoned");
+        if !force && origins.len() >= self.cap && !origins.contains_key(&origin) {
+            return None;
+        }
+        *origins.entry(origin.clone()).or_insert(0) += 1;
+        Some(Place {
+            live: self.clone(),
+            origin,
+        })
+    }
+}
+
+/// One connection's share of its origin's place, given back when the connection is dropped
+/// (closed); the origin's place goes with its last connection.
 #[cfg(feature = "upstream-pool")]
 struct Place {
     live: Arc<Live>,
-    /// Taken past the bound: the connection is not kept for reuse.
-    over: bool,
+    origin: String,
 }
 
 #[cfg(feature = "upstream-pool")]
 impl Drop for Place {
     fn drop(&mut self) {
-        self.live.count.fetch_sub(1, Ordering::Relaxed);
+        let mut origins = self.live.origins.lock().expect("origin map poisoned");
+        if let Some(count) = origins.get_mut(&self.origin) {
+            *count -= 1;
+            if *count == 0 {
+                origins.remove(&self.origin);
+            }
+        }
     }
+}
+
+/// The pool's key for `uri`: scheme and authority as hyper-util compares them (case aside), so
+/// spellings it pools apart (a port written out, user info) count as origins of their own.
+#[cfg(feature = "upstream-pool")]
+fn origin_key(uri: &Uri) -> String {
+    let scheme = uri.scheme_str().unwrap_or("");
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    format!("{scheme}://{authority}").to_ascii_lowercase()
 }
 
 #[cfg(feature = "upstream-pool")]
 impl PoolConnector {
-    /// `connector` for the pooled client, keeping at most `cap` connections for reuse
-    /// ([`MAX_POOLED_CONNECTIONS`]; tests use a small one).
+    /// `connector` for the pooled client, keeping connections for reuse to at most `cap`
+    /// origins ([`MAX_POOLED_ORIGINS`]; tests use a small one).
     pub(super) fn with_cap(connector: Connector, cap: usize) -> Self {
         PoolConnector {
             connector,
             live: Arc::new(Live {
-                count: AtomicUsize::new(0),
+                origins: Mutex::new(HashMap::new()),
                 cap,
             }),
         }
@@ -198,34 +240,34 @@ impl tower_service::Service<Uri> for PoolConnector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let inner = self.connector.inner.clone();
-        // The place is taken before the setup, so setups under way count: a burst of them cannot
-        // all find room.
-        let before = self.live.count.fetch_add(1, Ordering::Relaxed);
-        let place = Place {
-            live: self.live.clone(),
-            over: before >= self.live.cap,
-        };
+        let live = self.live.clone();
+        let origin = origin_key(&uri);
         Box::pin(async move {
             // An HTTP/2 connection is shared and stays in the pool whatever it reports, so one
-            // past the bound speaks HTTP/1.1, which closes after its response.
-            let conn = inner.connect(uri, !place.over).await?;
+            // that will not be kept speaks HTTP/1.1, which closes after its response. Asked once
+            // the setup slot is held, as late as the choice can be made.
+            let h2 = || live.has_room(&origin);
+            let conn = inner.connect(uri, h2).await?;
+            // The place is taken once the connection exists: a setup that waits for its slot,
+            // stalls or fails holds none.
+            let place = live.take(origin, conn.is_h2());
             Ok(TokioIo::new(PooledConn { conn, place }))
         })
     }
 }
 
-/// A connection of the pooled client, holding its place in the count.
+/// A connection of the pooled client, holding its origin's place (`None`: not kept for reuse).
 #[cfg(feature = "upstream-pool")]
 pub struct PooledConn {
     conn: Conn,
-    place: Place,
+    place: Option<Place>,
 }
 
 #[cfg(feature = "upstream-pool")]
 impl Connection for PooledConn {
     fn connected(&self) -> Connected {
         let connected = self.conn.connected();
-        if self.place.over {
+        if self.place.is_none() {
             // Not reused: hyper-util drops it once its response is read, which closes it.
             connected.poison();
         }
@@ -245,13 +287,14 @@ impl tower_service::Service<Uri> for Connector {
 
     fn call(&mut self, uri: Uri) -> Self::Future {
         let inner = self.inner.clone();
-        Box::pin(async move { inner.connect(uri, true).await.map(TokioIo::new) })
+        Box::pin(async move { inner.connect(uri, || true).await.map(TokioIo::new) })
     }
 }
 
 impl Inner {
-    /// `h2`: whether TLS may offer HTTP/2 (when `upstream.http2` is on).
-    async fn connect(&self, uri: Uri, h2: bool) -> Result<Conn, ConnectError> {
+    /// `h2`: whether TLS may offer HTTP/2 (when `upstream.http2` is on), asked once the setup
+    /// slot is held.
+    async fn connect(&self, uri: Uri, h2: impl FnOnce() -> bool) -> Result<Conn, ConnectError> {
         let host = uri
             .host()
             .ok_or(ConnectError::NoHost)?
@@ -266,7 +309,7 @@ impl Inner {
         let gate = self.setup_gate(&host, port);
         let secs = self.connect_timeout.as_secs();
         let _permit = gate.acquire().await.expect("semaphore never closed");
-        let setup = self.establish(&host, port, tls, h2);
+        let setup = self.establish(&host, port, tls, h2());
         let conn = tokio::time::timeout(self.connect_timeout, setup)
             .await
             .map_err(|_| ConnectError::Timeout {
@@ -527,6 +570,18 @@ pub enum Conn {
     Tls(Box<TlsStream<TcpStream>>),
 }
 
+impl Conn {
+    /// Whether TLS agreed on HTTP/2.
+    #[cfg(feature = "upstream-pool")]
+    fn is_h2(&self) -> bool {
+        #[cfg(feature = "tls")]
+        if let Conn::Tls(s) = self {
+            return s.get_ref().1.alpn_protocol() == Some(b"h2");
+        }
+        false
+    }
+}
+
 #[cfg(feature = "upstream-pool")]
 impl Connection for Conn {
     fn connected(&self) -> Connected {
@@ -653,6 +708,8 @@ impl AsyncWrite for PooledConn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(feature = "upstream-pool")]
+    use std::sync::atomic::AtomicUsize;
 
     /// `a.example.` and `A.example` are one host: they queue for one set of setup slots.
     #[tokio::test]
@@ -676,16 +733,23 @@ mod tests {
     }
 
     /// A keep-alive origin answering every request with one byte; `open` counts the connections
-    /// it holds (accepted and not yet closed by the client).
+    /// it holds (accepted and not yet closed by the client), `accepted` all it accepted. It
+    /// answers nothing until `wait_for` connections were accepted (so that concurrent requests
+    /// each need a connection of their own).
     #[cfg(feature = "upstream-pool")]
-    async fn keep_alive_origin(open: Arc<AtomicUsize>) -> u16 {
+    async fn keep_alive_origin(
+        open: Arc<AtomicUsize>,
+        accepted: Arc<AtomicUsize>,
+        wait_for: usize,
+    ) -> u16 {
         use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
                 open.fetch_add(1, Ordering::SeqCst);
-                let open = open.clone();
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let (open, accepted) = (open.clone(), accepted.clone());
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     let mut chunk = [0u8; 1024];
@@ -693,6 +757,9 @@ mod tests {
                         match tokio::io::AsyncReadExt::read(&mut socket, &mut chunk).await {
                             Ok(0) | Err(_) => break,
                             Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        while accepted.load(Ordering::SeqCst) < wait_for {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
                         }
                         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                             buf.drain(..end + 4);
@@ -709,36 +776,73 @@ mod tests {
         port
     }
 
-    /// One request to each of many origins (distinct ports, as distinct names under a wildcard
-    /// would be): the pooled client keeps at most its bound of connections open over all of
-    /// them; those past it serve their request and close. Before, hyper-util's per-origin bound
-    /// was the only one, and every origin's connection stayed for `pool_idle_secs` (12 of 12).
+    /// An upstream client whose pool keeps connections to at most `cap` origins.
     #[cfg(feature = "upstream-pool")]
-    #[tokio::test]
-    async fn pooled_connections_are_capped_across_origins() {
+    fn capped_upstream(cap: usize) -> crate::upstream::Upstream {
         let config = crate::upstream::UpstreamConfig {
             allow_private: true,
             ..Default::default()
         };
         let registry = &mut prometheus_client::registry::Registry::default();
-        let upstream = crate::upstream::Upstream::build(&config, registry, 4).unwrap();
-        let open = Arc::new(AtomicUsize::new(0));
-        for _ in 0..12 {
-            let port = keep_alive_origin(open.clone()).await;
-            let url = format!("http://127.0.0.1:{port}/x").parse().unwrap();
-            let resp = upstream
-                .send(crate::upstream::UpstreamRequest::get(url))
-                .await
-                .unwrap();
-            assert_eq!(resp.status, http::StatusCode::OK);
-            let body = resp.body.collect_limited(1024).await.unwrap();
-            assert_eq!(&body[..], b"x");
-        }
-        // Connections past the bound close once their response is read; give them a moment.
+        crate::upstream::Upstream::build(&config, registry, cap).unwrap()
+    }
+
+    /// A GET of `port`'s `/x`, answered 200 with one byte.
+    #[cfg(feature = "upstream-pool")]
+    async fn fetch_x(upstream: &crate::upstream::Upstream, port: u16) {
+        let url = format!("http://127.0.0.1:{port}/x").parse().unwrap();
+        let resp = upstream
+            .send(crate::upstream::UpstreamRequest::get(url))
+            .await
+            .unwrap();
+        assert_eq!(resp.status, http::StatusCode::OK);
+        let body = resp.body.collect_limited(1024).await.unwrap();
+        assert_eq!(&body[..], b"x");
+    }
+
+    /// Waits up to two seconds for `open` to come down to `want`, and returns what it is.
+    #[cfg(feature = "upstream-pool")]
+    async fn settle(open: &AtomicUsize, want: usize) -> usize {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-        while open.load(Ordering::SeqCst) > 4 && tokio::time::Instant::now() < deadline {
+        while open.load(Ordering::SeqCst) > want && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(open.load(Ordering::SeqCst), 4);
+        open.load(Ordering::SeqCst)
+    }
+
+    /// One request to each of many origins (distinct ports, as distinct names under a wildcard
+    /// would be): the pooled client keeps connections to at most its bound of origins; those to
+    /// origins past it serve their request and close. Before, hyper-util's per-origin bound was
+    /// the only one, and every origin's connection stayed for `pool_idle_secs` (12 of 12).
+    #[cfg(feature = "upstream-pool")]
+    #[tokio::test]
+    async fn pooled_connections_are_capped_across_origins() {
+        let upstream = capped_upstream(4);
+        let (open, accepted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        for _ in 0..12 {
+            let port = keep_alive_origin(open.clone(), accepted.clone(), 0).await;
+            fetch_x(&upstream, port).await;
+        }
+        // Connections past the bound close once their response is read.
+        assert_eq!(settle(&open, 4).await, 4);
+    }
+
+    /// Many connections at once to one origin, more than the bound on origins: all are kept for
+    /// reuse, and a second round of as many requests opens no new one. Before, the bound counted
+    /// connections, so those past it closed (2 of 6 stayed) and the second round set up anew.
+    #[cfg(feature = "upstream-pool")]
+    #[tokio::test]
+    async fn connections_to_one_origin_past_the_bound_are_all_kept() {
+        let upstream = capped_upstream(2);
+        let (open, accepted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let port = keep_alive_origin(open.clone(), accepted.clone(), 6).await;
+        for _round in 0..2 {
+            let fetches = (0..6).map(|_| fetch_x(&upstream, port));
+            futures_util::future::join_all(fetches).await;
+        }
+        // Give any connection that would close the time to.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(settle(&open, 0).await, 6);
+        assert_eq!(accepted.load(Ordering::SeqCst), 6);
     }
 }

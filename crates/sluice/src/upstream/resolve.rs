@@ -1,11 +1,12 @@
 //! Name resolution for upstream connections: an asynchronous caching resolver (answers kept for their
 //! TTL), `/etc/hosts` first, and `localhost` answered locally as RFC 6761 asks. Without the `dns`
 //! feature (the router build) names go to the C library's resolver on the blocking pool, at most
-//! [`MAX_FALLBACK_LOOKUPS`] at once.
+//! [`MAX_FALLBACK_LOOKUPS`] at once (others wait for a place).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::Semaphore;
 
 #[cfg(feature = "dns")]
 use hickory_resolver::{
@@ -21,52 +22,39 @@ const CACHE_RECORDS: usize = 4096;
 /// the C resolver gives up (tens of seconds against a silent DNS server), and a request's deadline
 /// ends the request but not the thread: names that never answer, asked for faster than they time
 /// out, took every blocking thread (file reads and other lookups queued behind them). Past it a
-/// lookup fails at once as a DNS error.
+/// lookup waits for a place rather than fail, so a few stuck names do not fail every healthy
+/// one; every caller looks up under a deadline (the connect deadline in `Inner::connect`, the
+/// callers' own around `resolve_checked`), which bounds the wait.
 const MAX_FALLBACK_LOOKUPS: usize = 64;
 
 /// The bound on C library lookups.
 static FALLBACK: Gate = Gate::new(MAX_FALLBACK_LOOKUPS);
 
-/// Counts blocking jobs under way; a job's place is held by its thread, not by the future
-/// waiting for it.
+/// Bounds blocking jobs under way; a job's place is held by its thread, not by the future
+/// waiting for it, so a caller that gives up does not give the place back early.
 struct Gate {
-    busy: AtomicUsize,
-    max: usize,
-}
-
-/// One job's place in a [`Gate`], given back when the job ends.
-struct Slot(&'static Gate);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.busy.fetch_sub(1, Ordering::Relaxed);
-    }
+    places: Semaphore,
 }
 
 impl Gate {
     const fn new(max: usize) -> Gate {
         Gate {
-            busy: AtomicUsize::new(0),
-            max,
+            places: Semaphore::const_new(max),
         }
     }
 
-    /// Runs `job` on the blocking pool if a place is free.
+    /// Runs `job` on the blocking pool once a place is free.
     async fn run<T: Send + 'static>(
         &'static self,
         job: impl FnOnce() -> io::Result<T> + Send + 'static,
     ) -> io::Result<T> {
-        let taken = self
-            .busy
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < self.max).then_some(n + 1)
-            });
-        if taken.is_err() {
-            return Err(io::Error::other("too many name lookups under way"));
-        }
-        let slot = Slot(self);
+        let place = self
+            .places
+            .acquire()
+            .await
+            .map_err(|_| io::Error::other("the name lookup failed"))?;
         tokio::task::spawn_blocking(move || {
-            let _slot = slot;
+            let _place = place;
             job()
         })
         .await
@@ -192,37 +180,61 @@ mod tests {
     }
 
     /// Lookups whose callers gave up still hold their places until their threads end, and one
-    /// past the bound fails at once instead of taking another thread. Before, each was a
-    /// `lookup_host` with no bound.
+    /// past the bound waits for a place instead of taking another thread, then runs once a
+    /// place comes back: never more threads than the bound at once. Before, each was a
+    /// `lookup_host` with no bound (then, for a while, one past the bound failed at once).
     #[tokio::test]
     async fn blocking_lookups_are_bounded_past_their_callers_deadlines() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::{mpsc, Arc, Mutex};
         static GATE: Gate = Gate::new(2);
-        let (release, hold) = std::sync::mpsc::channel::<()>();
-        let hold = std::sync::Arc::new(std::sync::Mutex::new(hold));
-        let started = std::sync::Arc::new(AtomicUsize::new(0));
-        for _ in 0..2 {
+        let (release, hold) = mpsc::channel::<()>();
+        let hold = Arc::new(Mutex::new(hold));
+        let started = Arc::new(AtomicUsize::new(0));
+        let (running, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        // A lookup that never answers until released, counting the threads running at once.
+        let stuck = |answer: u32| {
             let (hold, started) = (hold.clone(), started.clone());
-            // A lookup that never answers, given up by its caller's deadline.
-            let stuck = GATE.run(move || {
+            let (running, most) = (running.clone(), most.clone());
+            move || {
                 started.fetch_add(1, Ordering::SeqCst);
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
                 let _ = hold.lock().unwrap().recv();
-                Ok(())
-            });
-            let given_up = tokio::time::timeout(Duration::from_millis(50), stuck).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                Ok(answer)
+            }
+        };
+        for n in 0..2 {
+            // Given up by its caller's deadline; the thread goes on.
+            let given_up =
+                tokio::time::timeout(Duration::from_millis(50), GATE.run(stuck(n))).await;
             assert!(given_up.is_err());
         }
-        let err = GATE.run(|| Ok(1)).await.unwrap_err();
-        assert_eq!(err.to_string(), "too many name lookups under way");
-        assert_eq!(GATE.busy.load(Ordering::SeqCst), 2);
-        // The threads end: their places come back.
-        release.send(()).unwrap();
+        assert_eq!(GATE.places.available_permits(), 0);
+        // The third waits for a place: it starts no thread while both are taken.
+        let third = tokio::spawn(GATE.run(stuck(3)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!third.is_finished());
+        assert_eq!(started.load(Ordering::SeqCst), 2);
+        // One stuck thread ends: its place goes to the third, which runs and answers.
         release.send(()).unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while GATE.busy.load(Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+        while started.load(Ordering::SeqCst) < 3 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        assert_eq!(started.load(Ordering::SeqCst), 3);
+        release.send(()).unwrap();
+        release.send(()).unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(5), third).await;
+        assert_eq!(answer.unwrap().unwrap().unwrap(), 3);
+        assert_eq!(most.load(Ordering::SeqCst), 2);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while GATE.places.available_permits() < 2 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(GATE.places.available_permits(), 2);
         assert_eq!(GATE.run(|| Ok(7)).await.unwrap(), 7);
-        assert_eq!(started.load(Ordering::SeqCst), 2);
         // The real bound, through the C library: an address literal needs no DNS server.
         let addrs = fallback_lookup("127.0.0.1", 80).await.unwrap();
         assert_eq!(addrs, vec!["127.0.0.1:80".parse().unwrap()]);
