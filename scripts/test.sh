@@ -57,7 +57,7 @@ step vendored tests
 # failure no fault explains or a leak. Needs root (it mounts a tmpfs). Before the gateway-only
 # tests, which rebuild target/debug/sluice without the other front ends.
 step soak
-./scripts/soak --minutes 4
+SOAK_AFTER_TESTS=1 ./scripts/soak --minutes 4
 # The gateway-only build (for routers) must build and pass its own tests too.
 step gateway-only tests
 cargo test -p sluice --locked --no-default-features --features iptv "$@"
