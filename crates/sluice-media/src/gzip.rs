@@ -28,11 +28,23 @@ pub enum GzipError {
     TooManyMembers(usize),
 }
 
-/// Most members one stream may have. Each costs a reset of the inflate state (zeroing its 32 KiB
-/// window) and a fresh output buffer whatever its size, so a source of 20-byte empty members
-/// would cost a terabyte of memory writes per 256 MiB; a real guide has one member, or a few when
-/// files were concatenated.
+/// Members any stream may have, whatever its output (see [`members_allowed`]). Each costs a reset
+/// of the inflate state (zeroing its 32 KiB window) and a fresh output buffer whatever its size,
+/// so a source of 20-byte empty members would cost a terabyte of memory writes per 256 MiB; a
+/// plain guide has one member, or a few when files were concatenated.
 pub const MAX_MEMBERS: usize = 1024;
+
+/// Output that earns one more member past [`MAX_MEMBERS`]. `bgzip` (BGZF) writes a member per
+/// 64 KiB of output at most, so a bgzipped guide over 64 MiB has more than 1,024 members; a
+/// quarter of its block size leaves it room, while a flood of empty members still earns nothing.
+pub const OUTPUT_PER_MEMBER: usize = 16 * 1024;
+
+/// Members a stream may have started once it has given `written` bytes of output: at least
+/// [`MAX_MEMBERS`], then one per [`OUTPUT_PER_MEMBER`], so the members' fixed cost stays a share
+/// of the real output (at most `max / 16 KiB` resets, 512 MiB of window zeroing at 256 MiB).
+fn members_allowed(written: usize) -> usize {
+    MAX_MEMBERS.max(written / OUTPUT_PER_MEMBER)
+}
 
 /// Input [`Inflater::next_chunk`] may work through (a member's start counting as
 /// [`MEMBER_WORK`]) before it returns, even with no output: one call, one poll of the body it
@@ -94,13 +106,19 @@ pub fn compress(data: &[u8], level: u8) -> Vec<u8> {
 }
 
 /// Every member of `data` decompressed and concatenated (as `gzip -d` does), refusing more
-/// than `max` bytes of output or more than [`MAX_MEMBERS`] members. Each member's CRC-32 and
-/// length are checked.
+/// than `max` bytes of output or a member past [`members_allowed`] for the output before it.
+/// Each member's CRC-32 and length are checked.
 pub fn decompress(data: &[u8], max: usize) -> Result<Vec<u8>, GzipError> {
     let mut out = Vec::new();
     let mut rest = data;
     let mut state = InflateState::new_boxed(DataFormat::Raw);
-    for _ in 0..MAX_MEMBERS {
+    let mut members = 0;
+    loop {
+        let allowed = members_allowed(out.len());
+        if members >= allowed {
+            return Err(GzipError::TooManyMembers(allowed));
+        }
+        members += 1;
         let body = member_body(rest)?;
         state.reset(DataFormat::Raw);
         let start = out.len();
@@ -117,7 +135,6 @@ pub fn decompress(data: &[u8], max: usize) -> Result<Vec<u8>, GzipError> {
             return Ok(out);
         }
     }
-    Err(GzipError::TooManyMembers(MAX_MEMBERS))
 }
 
 /// Decompresses gzip data a chunk at a time, every member in turn, with the same checks as
@@ -173,8 +190,9 @@ impl<D: AsRef<[u8]>> Inflater<D> {
         loop {
             let data = self.data.as_ref();
             if self.member.is_none() {
-                if self.members == MAX_MEMBERS {
-                    return Some(Err(self.fail(GzipError::TooManyMembers(MAX_MEMBERS))));
+                let allowed = members_allowed(self.written);
+                if self.members >= allowed {
+                    return Some(Err(self.fail(GzipError::TooManyMembers(allowed))));
                 }
                 let body = match member_body(&data[self.pos..]) {
                     Ok(body) => body,

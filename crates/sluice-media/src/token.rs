@@ -176,6 +176,42 @@ pub fn token_bytes(token: &str) -> Result<Vec<u8>, TokenError> {
     decode_base64(token)
 }
 
+/// One form for every token that grants the same: its params sorted, a value that is a URL in
+/// the URL's normal form (scheme and host lower-cased), then `exp` and `ip`, each length-prefixed.
+/// The format has no MAC, so flipping IV bits rewrites the first plaintext block while it still
+/// parses (a space in `": "` becomes a tab, `http` becomes `Http`): neither the token's text nor
+/// its bytes name what it grants, and whatever counts per token keys on this.
+pub fn canonical_claims(claims: &TokenClaims) -> Vec<u8> {
+    let normal = |v: &str| match url::Url::parse(v) {
+        Ok(url) => url.to_string(),
+        Err(_) => v.to_string(),
+    };
+    let mut params: Vec<(&str, String)> = claims
+        .params
+        .iter()
+        .map(|(k, v)| (k.as_str(), normal(v)))
+        .collect();
+    params.sort();
+    let mut out = Vec::new();
+    let mut field = |b: &[u8]| {
+        out.extend_from_slice(&(b.len() as u64).to_be_bytes());
+        out.extend_from_slice(b);
+    };
+    for (k, v) in &params {
+        field(k.as_bytes());
+        field(v.as_bytes());
+    }
+    field(
+        claims
+            .exp
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+            .as_bytes(),
+    );
+    field(claims.ip.as_deref().unwrap_or("").as_bytes());
+    out
+}
+
 /// Splits `/_token_<T>/proxy/stream` into (`<T>`, `/proxy/stream`). The rest is empty when
 /// nothing follows the token; `None` when the path carries no token.
 pub fn split_path_token(path: &str) -> Option<(&str, &str)> {

@@ -431,6 +431,41 @@ async fn link_mints_a_sealed_playlist_url() {
     assert!(exp > now + 3500 && exp <= now + 3600, "{exp} vs {now}");
 }
 
+/// A link is minted only for the password itself, never under a token: a MediaFlow token meant
+/// to last a minute for one address (or a sealed one) must not buy a `/playlist/playlist` link
+/// that never expires and opens from anywhere. Refused whatever `expiration` the body asks for.
+#[tokio::test]
+async fn a_token_cannot_be_traded_for_a_playlist_link() {
+    let o = origin().await;
+    let s = Sluice::start(config(PW, true)).await;
+    let now = sluice::auth::token::now();
+    let mf = sluice_media::token::TokenKey::new(PW).encrypt(
+        &[("api_password".to_string(), PW.to_string())],
+        Some(now + 60),
+        Some("127.0.0.1"),
+        [7; 16],
+    );
+    let sealed = gate().mint(&[], &["/playlist/"], None, false, now);
+    let d = format!("sort:{};{}", o.url("/b.m3u"), o.url("/c.m3u"));
+    for token in [&mf, &sealed] {
+        for expiration in [0, 3600] {
+            let body = serde_json::json!({ "d": d, "expiration": expiration }).to_string();
+            for url in [
+                s.url(&format!("/_token_{token}/playlist/link")),
+                s.url(&format!("/playlist/link?token={token}")),
+            ] {
+                let r = post_json(&url, &[], &body).await;
+                assert_eq!(r.status, StatusCode::FORBIDDEN, "{url}");
+                assert!(!text(&r).contains("playlist/playlist"), "{}", text(&r));
+            }
+        }
+    }
+    assert!(
+        o.agents.lock().unwrap().is_empty(),
+        "a refused request reached the origin"
+    );
+}
+
 #[tokio::test]
 async fn bad_requests_and_dead_sources() {
     let o = origin().await;

@@ -1156,9 +1156,10 @@ async fn a_short_lived_mediaflow_token_cannot_be_traded_for_a_lasting_username()
     }
 }
 
-/// A MediaFlow token decodes leniently (`=` padding or none, either base64 alphabet), so one
-/// token has many spellings: its in-flight share is counted by what it decodes to, and a holder
-/// at `media.max_requests_per_token` gets no fresh share by padding it.
+/// A MediaFlow token has many spellings: it decodes leniently (`=` padding or none, either base64
+/// alphabet), and with no MAC flipping bits of its IV rewrites the first JSON block while it still
+/// parses (the space in `": "` a tab, `http` as `Http`). Its in-flight share is counted by what it
+/// grants, so a holder at `media.max_requests_per_token` gets no fresh share by respelling it.
 #[tokio::test]
 async fn a_mediaflow_token_respelled_holds_the_same_share() {
     let p = panel().await;
@@ -1171,7 +1172,9 @@ async fn a_mediaflow_token_respelled_holds_the_same_share() {
     // A token whose text needs padding, so `=` respells it.
     let mf = (0..3)
         .map(|n| {
+            // First, so that its `": "` and `http` lie in the block the IV flips.
             let params = [
+                ("x".to_string(), "http://a.example/".to_string()),
                 ("api_password".to_string(), API_PW.to_string()),
                 ("pad".to_string(), "x".repeat(16 * n)),
             ];
@@ -1180,6 +1183,23 @@ async fn a_mediaflow_token_respelled_holds_the_same_share() {
         .find(|t| t.len() % 4 != 0)
         .unwrap();
     let padded = format!("{mf}{}", "=".repeat(4 - mf.len() % 4));
+    // The plaintext starts `{"x": "http://a.e`: byte 5 is the space, byte 7 the `h`.
+    let flipped = |at: usize, from: u8, to: u8| {
+        let mut bytes = sluice_media::token::token_bytes(&mf).unwrap();
+        bytes[at] ^= from ^ to;
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    };
+    let tab = flipped(5, b' ', b'\t');
+    let upper = flipped(7, b'h', b'H');
+    let key_check = sluice_media::token::TokenKey::new(API_PW);
+    assert_eq!(
+        key_check.decrypt(&tab).unwrap().params,
+        key_check.decrypt(&mf).unwrap().params
+    );
+    assert_eq!(
+        key_check.decrypt(&upper).unwrap().param("x"),
+        Some("Http://a.example/")
+    );
     let user = b64(&format!("http://{}:{XC_USER}:", p.addr));
     let held_url = s.url(&format!("/_token_{mf}/live/{user}/{XC_PASS}/999.ts"));
     let held: Vec<_> = (0..2)
@@ -1202,15 +1222,17 @@ async fn a_mediaflow_token_respelled_holds_the_same_share() {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     let live = |t: &str| s.url(&format!("/_token_{t}/live/{user}/{XC_PASS}/101.ts"));
-    for t in [&mf, &padded] {
+    for t in [&mf, &padded, &tab, &upper] {
         let r = get(&live(t)).await;
         assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{t}");
     }
     for h in held {
         assert_eq!(h.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
     }
-    // Once the held ones end, either spelling streams.
-    let r = get(&live(&padded)).await;
-    assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+    // Once the held ones end, any spelling streams.
+    for t in [&padded, &tab, &upper] {
+        let r = get(&live(t)).await;
+        assert_eq!(r.status, StatusCode::OK, "{t}");
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+    }
 }

@@ -182,6 +182,48 @@ fn many_members_are_refused_and_as_many_as_allowed_inflate_exactly() {
     }
 }
 
+/// `bgzip` writes one member per 64 KiB of output: a guide over 64 MiB has more than
+/// [`MAX_MEMBERS`] members, and must inflate all the same. The cap grows with the output, so
+/// empty members after real output are still refused once past it.
+#[test]
+fn a_bgzf_stream_of_many_64_kib_members_inflates_exactly() {
+    const BLOCK: usize = 64 * 1024;
+    const COUNT: usize = 2000;
+    let text = |i: usize| {
+        let mut t = format!("<programme n=\"{i}\"/>\n").repeat(BLOCK / 16);
+        t.truncate(BLOCK);
+        t.into_bytes()
+    };
+    let bgzf = members(COUNT, text);
+    let want: Vec<u8> = (0..COUNT).flat_map(text).collect();
+    assert_eq!(want.len(), COUNT * BLOCK);
+    assert_eq!(decompress(&bgzf, 256 << 20).unwrap(), want);
+    assert_eq!(
+        inflate_in_chunks(&bgzf, 256 << 20, 64 * 1024).unwrap(),
+        want
+    );
+
+    // After 32 MiB of real output, 2,048 members are allowed in all; the 2,049th is refused.
+    let big = compress(&vec![b'x'; 32 << 20], 1);
+    let allowed = (32 << 20) / OUTPUT_PER_MEMBER;
+    assert_eq!(allowed, 2048);
+    let mut fits = big.clone();
+    fits.extend(members(allowed - 1, |_| Vec::new()));
+    assert_eq!(decompress(&fits, 64 << 20).unwrap().len(), 32 << 20);
+    assert_eq!(
+        inflate_in_chunks(&fits, 64 << 20, 64 * 1024).unwrap().len(),
+        32 << 20
+    );
+    let mut flood = fits;
+    flood.extend(compress(&[], 1));
+    let refused = Err(GzipError::TooManyMembers(allowed));
+    assert_eq!(decompress(&flood, 64 << 20).map(|v| v.len()), refused);
+    assert_eq!(
+        inflate_in_chunks(&flood, 64 << 20, 64 * 1024).map(|v| v.len()),
+        refused
+    );
+}
+
 #[test]
 fn one_call_works_through_a_bounded_share_of_empty_members() {
     let empty = members(MAX_MEMBERS, |_| Vec::new());

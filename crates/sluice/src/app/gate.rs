@@ -59,17 +59,15 @@ impl App {
                     })
                     .unwrap_or_default(),
             };
-            // A MediaFlow token decodes leniently, so each of its spellings would get its own
-            // share: it counts by what it decodes to (tagged apart from a text). A sealed token
-            // has one spelling.
-            let decoded = match sluice_media::token::sealed::is_sealed(&raw) {
+            // A MediaFlow token has many spellings: its base64 decodes leniently, and with no MAC
+            // flipping IV bits rewrites its first JSON block while it still parses (`": "` with a
+            // tab, `Http://`). It counts by what it grants, in one canonical form (tagged apart
+            // from a text); failing that, by its decoded bytes. A sealed token has one spelling.
+            let bytes = match sluice_media::token::sealed::is_sealed(&raw) {
                 true => None,
-                false => sluice_media::token::token_bytes(&raw).ok(),
-            };
-            let bytes = match decoded {
-                Some(decoded) => [b"m".as_slice(), &decoded].concat(),
-                None => [b"t".as_slice(), raw.as_bytes()].concat(),
-            };
+                false => mediaflow_key(&self.keys.load().auth, &raw),
+            }
+            .unwrap_or_else(|| [b"t".as_slice(), raw.as_bytes()].concat());
             let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&bytes).into();
             places.push(
                 self.in_flight
@@ -105,6 +103,22 @@ impl App {
             "auth",
             message,
         ))
+    }
+}
+
+/// What a MediaFlow token's in-flight share is keyed on: its claims in canonical form, or (should
+/// it not decrypt, e.g. the password changed since it was opened) its decoded bytes.
+#[cfg(feature = "media")]
+fn mediaflow_key(auth: &Auth, raw: &str) -> Option<Vec<u8>> {
+    use sluice_media::token::{canonical_claims, token_bytes, TokenKey};
+    let claims = auth
+        .secret()
+        .and_then(|pw| TokenKey::new(pw).decrypt(raw).ok());
+    match claims {
+        Some(claims) => Some([b"c".as_slice(), &canonical_claims(&claims)].concat()),
+        None => token_bytes(raw)
+            .ok()
+            .map(|decoded| [b"m".as_slice(), &decoded].concat()),
     }
 }
 
