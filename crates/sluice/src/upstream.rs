@@ -191,9 +191,10 @@ impl Upstream {
         }
         Ok(Upstream {
             #[cfg(feature = "upstream-pool")]
-            client: builder.build(connector::PoolConnector::with_cap(
+            client: builder.build(connector::PoolConnector::with_caps(
                 connector.clone(),
                 pooled_cap,
+                connector::MAX_POOLED_CONNECTIONS,
             )),
             connector,
             header_timeout: Duration::from_secs(config.header_timeout_secs),

@@ -1,8 +1,9 @@
 //! Connection setup for the pooled client: DNS, the SSRF guard, the per-host setup limit, outgoing
 //! proxy routes, Happy Eyeballs, TLS with ALPN, and a deadline on the setup itself (not on the
 //! wait for a setup slot, which the request's time-to-headers deadline bounds). The pooled client
-//! keeps connections for reuse to at most [`MAX_POOLED_ORIGINS`] origins at once; a connection to
-//! one more serves its request and closes rather than wait in the pool.
+//! keeps connections for reuse to at most [`MAX_POOLED_ORIGINS`] origins and
+//! [`MAX_POOLED_CONNECTIONS`] connections at once; a connection past either serves its request
+//! and closes rather than wait in the pool.
 
 use std::collections::HashMap;
 #[cfg(feature = "upstream-pool")]
@@ -141,6 +142,12 @@ impl Connector {
 /// pool's idle sockets (`raw::MAX_IDLE_TOTAL`).
 pub const MAX_POOLED_ORIGINS: usize = 1024;
 
+/// Connections the pooled client keeps for reuse at once, over all origins; one set up past it
+/// serves its request and closes, whatever its origin. The origin bound alone let each of its
+/// 1,024 origins keep `pool_max_idle_per_host` (64) idle sockets, 65,536 in all, which waves of
+/// concurrent requests to many names under a wildcard could park for `pool_idle_secs`.
+pub const MAX_POOLED_CONNECTIONS: usize = 4096;
+
 /// The pooled client's connector: [`Connector`] with a count of the open connections to each
 /// origin, each connection holding its origin's place until it closes.
 #[cfg(feature = "upstream-pool")]
@@ -150,36 +157,56 @@ pub struct PoolConnector {
     live: Arc<Live>,
 }
 
-/// The origins holding places, each with its count of open connections (an origin leaves at
-/// zero, so the map is no larger than the open connections), and the bound on origins.
+/// The places held, and the bounds on origins and on connections holding places.
 #[cfg(feature = "upstream-pool")]
 struct Live {
-    origins: Mutex<HashMap<String, usize>>,
+    places: Mutex<Places>,
     cap: usize,
+    max_connections: usize,
+}
+
+/// The origins holding places, each with its count of open connections (an origin leaves at
+/// zero, so the map is no larger than the open connections), and the sum of those counts.
+#[cfg(feature = "upstream-pool")]
+#[derive(Default)]
+struct Places {
+    origins: HashMap<String, usize>,
+    connections: usize,
 }
 
 #[cfg(feature = "upstream-pool")]
 impl Live {
-    /// Whether a connection to `origin` set up now would be kept: its origin holds a place or
-    /// there is room for one more. Only a hint (for offering HTTP/2): [`Live::take`] decides.
+    /// Whether a connection to `origin` set up now would be kept: fewer than `max_connections`
+    /// hold places, and its origin holds one or there is room for one more. Only a hint (for
+    /// offering HTTP/2): [`Live::take`] decides.
     fn has_room(&self, origin: &str) -> bool {
-        let origins = self.origins.lock().expect("origin map poisoned");
-        origins.len() < self.cap || origins.contains_key(origin)
+        let places = self.places.lock().expect("origin map poisoned");
+        places.has_room(origin, self.cap, self.max_connections)
     }
 
-    /// A place for one more connection to `origin`, or `None` when `cap` other origins hold
-    /// places. `force`: take one anyway (an HTTP/2 connection, which cannot be made to close
-    /// after its response; only a setup that saw room and lost it to another can ask).
+    /// A place for one more connection to `origin`, or `None` when `max_connections` hold
+    /// places or `cap` other origins do. `force`: take one anyway (an HTTP/2 connection, which
+    /// cannot be made to close after its response; only a setup that saw room and lost it to
+    /// another can ask).
     fn take(self: &Arc<Self>, origin: String, force: bool) -> Option<Place> {
-        let mut origins = self.origins.lock().expect("origin map poisoned");
-        if !force && origins.len() >= self.cap && !origins.contains_key(&origin) {
+        let mut places = self.places.lock().expect("origin map poisoned");
+        if !force && !places.has_room(&origin, self.cap, self.max_connections) {
             return None;
         }
-        *origins.entry(origin.clone()).or_insert(0) += 1;
+        places.connections += 1;
+        *places.origins.entry(origin.clone()).or_insert(0) += 1;
         Some(Place {
             live: self.clone(),
             origin,
         })
+    }
+}
+
+#[cfg(feature = "upstream-pool")]
+impl Places {
+    fn has_room(&self, origin: &str, cap: usize, max_connections: usize) -> bool {
+        self.connections < max_connections
+            && (self.origins.len() < cap || self.origins.contains_key(origin))
     }
 }
 
@@ -194,11 +221,13 @@ struct Place {
 #[cfg(feature = "upstream-pool")]
 impl Drop for Place {
     fn drop(&mut self) {
-        let mut origins = self.live.origins.lock().expect("origin map poisoned");
-        if let Some(count) = origins.get_mut(&self.origin) {
+        let mut guard = self.live.places.lock().expect("origin map poisoned");
+        let places = &mut *guard;
+        if let Some(count) = places.origins.get_mut(&self.origin) {
+            places.connections -= 1;
             *count -= 1;
             if *count == 0 {
-                origins.remove(&self.origin);
+                places.origins.remove(&self.origin);
             }
         }
     }
@@ -216,13 +245,15 @@ fn origin_key(uri: &Uri) -> String {
 #[cfg(feature = "upstream-pool")]
 impl PoolConnector {
     /// `connector` for the pooled client, keeping connections for reuse to at most `cap`
-    /// origins ([`MAX_POOLED_ORIGINS`]; tests use a small one).
-    pub(super) fn with_cap(connector: Connector, cap: usize) -> Self {
+    /// origins ([`MAX_POOLED_ORIGINS`]) and `max_connections` connections
+    /// ([`MAX_POOLED_CONNECTIONS`]); tests use small ones.
+    pub(super) fn with_caps(connector: Connector, cap: usize, max_connections: usize) -> Self {
         PoolConnector {
             connector,
             live: Arc::new(Live {
-                origins: Mutex::new(HashMap::new()),
+                places: Mutex::new(Places::default()),
                 cap,
+                max_connections,
             }),
         }
     }
@@ -256,7 +287,7 @@ impl tower_service::Service<Uri> for PoolConnector {
     }
 }
 
-/// A connection of the pooled client, holding its origin's place (`None`: not kept for reuse).
+/// A connection of the pooled client, holding its place (`None`: not kept for reuse).
 #[cfg(feature = "upstream-pool")]
 pub struct PooledConn {
     conn: Conn,
@@ -808,6 +839,45 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         open.load(Ordering::SeqCst)
+    }
+
+    /// One request to each of many origins, fewer than the bound on origins but more than the
+    /// bound on connections: connections past the latter serve their request and close. Before,
+    /// only origins were counted and all 6 stayed (up to 64 an origin over 1,024 origins).
+    #[cfg(feature = "upstream-pool")]
+    #[tokio::test]
+    async fn pooled_connections_are_capped_in_total() {
+        use http_body_util::Empty;
+        let connector = Connector::new(
+            RouteTable::default(),
+            #[cfg(feature = "tls")]
+            Vec::new(),
+            true,
+            false,
+            Duration::from_secs(2),
+            4,
+            crate::atomic::Counter::default(),
+        );
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(60))
+                .pool_timer(hyper_util::rt::TokioTimer::new())
+                .build::<_, Empty<bytes::Bytes>>(PoolConnector::with_caps(connector, 8, 3));
+        let (open, accepted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        for _ in 0..6 {
+            let port = keep_alive_origin(open.clone(), accepted.clone(), 0).await;
+            let uri: Uri = format!("http://127.0.0.1:{port}/x").parse().unwrap();
+            let resp = client.get(uri).await.unwrap();
+            assert_eq!(resp.status(), http::StatusCode::OK);
+            let body = http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .unwrap();
+            assert_eq!(&body.to_bytes()[..], b"x");
+        }
+        // Give any connection that would close the time to.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(settle(&open, 3).await, 3);
+        assert_eq!(accepted.load(Ordering::SeqCst), 6);
     }
 
     /// One request to each of many origins (distinct ports, as distinct names under a wildcard
