@@ -958,7 +958,8 @@ impl Iptv {
                 complete: Some((complete, offset)),
             }
         };
-        match write_timeshift(listing, query, &self.hls.render.blocking).await {
+        let wait = Duration::from_secs(target);
+        match write_timeshift(listing, query, &self.hls.render.blocking, wait).await {
             Ok(text) => self.playlist_answer(&sent::Playlist::new(text), req),
             Err(estimate) => memory_refused(&self.registry.metrics, estimate),
         }
@@ -1125,13 +1126,16 @@ impl TimeshiftListing {
 
 /// Writes a timeshift playlist: refused (with its estimated size) when it would be larger than
 /// [`MAX_TIMESHIFT_PLAYLIST`], before it is written; a large one on the blocking pool, in one
-/// of `places` (those the channels' large playlists share), refused too when none is free:
-/// waiting for one, requests queued without bound behind a few large writes, each holding
+/// of `places` (those the channels' large playlists share), queued for one as the live and
+/// catch-up writes are, but refused too when none comes within `wait` (the target duration):
+/// only trying for one, any queued write took the place freed before it (503 on every
+/// reload), and waiting without bound queued requests behind a few large writes, each holding
 /// its listing.
 async fn write_timeshift(
     listing: TimeshiftListing,
     query: &str,
     places: &Arc<tokio::sync::Semaphore>,
+    wait: Duration,
 ) -> Result<String, usize> {
     let estimate = listing.estimate(query);
     if estimate > MAX_TIMESHIFT_PLAYLIST {
@@ -1140,11 +1144,11 @@ async fn write_timeshift(
     if estimate < TIMESHIFT_INLINE_BYTES {
         return Ok(listing.write(query));
     }
-    let place = match places.clone().try_acquire_owned() {
-        Ok(place) => place,
-        Err(tokio::sync::TryAcquireError::NoPermits) => return Err(estimate),
+    let place = match tokio::time::timeout(wait, places.clone().acquire_owned()).await {
+        Ok(Ok(place)) => place,
+        Err(_elapsed) => return Err(estimate),
         // The places are never closed; were they, the playlist is written here.
-        Err(tokio::sync::TryAcquireError::Closed) => return Ok(listing.write(query)),
+        Ok(Err(_closed)) => return Ok(listing.write(query)),
     };
     let (listing, owned) = (Arc::new(listing), query.to_owned());
     let job = listing.clone();
@@ -1183,7 +1187,8 @@ async fn timeshift_window(
         };
         (version, listing)
     };
-    let write = |listing| write_timeshift(listing, query, &shared.blocking);
+    let wait = Duration::from_secs(target);
+    let write = |listing| write_timeshift(listing, query, &shared.blocking, wait);
     Some(memo.get(now, query, shared, take, write).await)
 }
 
@@ -2087,9 +2092,10 @@ mod tests {
             .acquire_many_owned(kept::BLOCKING_WRITES as u32)
             .await
             .unwrap();
+        let wait = Duration::from_secs(30);
         let refused = tokio::time::timeout(
             Duration::from_secs(5),
-            write_timeshift(big, &query, &places),
+            write_timeshift(big, &query, &places, wait),
         )
         .await
         .expect("refused at once, not queued to be written");
@@ -2097,22 +2103,30 @@ mod tests {
             Err(estimate) => assert!(estimate > MAX_TIMESHIFT_PLAYLIST, "{estimate}"),
             Ok(text) => panic!("a playlist of {} bytes was written", text.len()),
         }
-        // One it could send is refused too while every place is taken, not queued behind the
-        // writes holding them (requests waited there without bound, each with its listing).
+        // One it could send is refused too while every place stays taken past its wait, not
+        // queued behind the writes holding them (requests waited there without bound, each
+        // with its listing).
+        let short = Duration::from_millis(100);
         let busy = tokio::time::timeout(
             Duration::from_secs(5),
-            write_timeshift(listing(timeshift::MAX_SEGMENTS), &query, &places),
+            write_timeshift(listing(timeshift::MAX_SEGMENTS), &query, &places, short),
         )
         .await
-        .expect("refused at once, not queued for a place");
+        .expect("refused after its wait, not queued for a place");
         match busy {
             Err(estimate) => assert!(estimate <= MAX_TIMESHIFT_PLAYLIST, "{estimate}"),
             Ok(text) => panic!("a playlist of {} bytes was written", text.len()),
         }
-        drop(taken);
-        let text = write_timeshift(listing(timeshift::MAX_SEGMENTS), &query, &places)
+        // Places taken for less than the wait: the write queues for one and is written (only
+        // trying for one, it was refused whenever a queued live or catch-up write was ahead).
+        let freeing = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            drop(taken);
+        });
+        let text = write_timeshift(listing(timeshift::MAX_SEGMENTS), &query, &places, wait)
             .await
-            .unwrap();
+            .expect("written once a place frees");
+        freeing.await.unwrap();
         assert!(text.len() <= MAX_TIMESHIFT_PLAYLIST, "{} bytes", text.len());
         assert_eq!(text.matches(".ts?t=").count(), timeshift::MAX_SEGMENTS);
         assert!(text.ends_with(&format!("{}.ts?{query}\n", timeshift::MAX_SEGMENTS - 1)));
@@ -2164,6 +2178,13 @@ mod tests {
         assert!(std::str::from_utf8(&other.text)
             .unwrap()
             .contains("3.ts?b=2\n"));
+        assert_eq!(memo.writes(), 3);
+        // Both queries of the version are kept: viewers with a token each no longer replace
+        // each other's playlist, each reload a write (the memo kept one query).
+        for _ in 0..3 {
+            assert!(Arc::ptr_eq(&get("a=1").await.unwrap().unwrap(), &a));
+            assert!(Arc::ptr_eq(&get("b=2").await.unwrap().unwrap(), &other));
+        }
         assert_eq!(memo.writes(), 3);
     }
 

@@ -593,18 +593,44 @@ impl Inner {
 /// segment is stored, which moves the newest).
 pub(super) type TimeshiftVersion = (u64, u64, u64);
 
-/// The last whole-window timeshift playlist written for a channel, for the requests of the
+/// Whole-window timeshift playlists a channel keeps: one per version and query, the last
+/// [`TIMESHIFT_KEPT`] written (queries carrying a token per viewer each have their own).
+const TIMESHIFT_KEPT: usize = 8;
+
+/// The last whole-window timeshift playlists written for a channel, for the requests of the
 /// same version and query. A full window lists up to `timeshift::MAX_SEGMENTS` segments
 /// (megabytes with a query on each line): written on every poll, a hundred viewers reloading
 /// once a target duration each made one such write, all queued on the blocking pool's places.
-/// Requests for a new version wait for the one writing it (a lock held only while one write
-/// runs: the write never waits for a place), then share what it wrote.
+/// Requests for a version and query not kept wait for the one writing it (a lock per version
+/// and query, gone when its last request is: a write never waits for another query's), then
+/// share what it wrote.
 #[derive(Debug, Default)]
 pub(super) struct TimeshiftMemo {
-    last: tokio::sync::Mutex<Option<TimeshiftLast>>,
+    state: Mutex<TimeshiftState>,
     /// Playlists written (for tests: requests of one version share one).
     #[cfg(test)]
     writes: AtomicU64,
+}
+
+/// One playlist's version and query.
+type TimeshiftKey = (TimeshiftVersion, Box<str>);
+
+#[derive(Debug, Default)]
+struct TimeshiftState {
+    /// At most [`TIMESHIFT_KEPT`], oldest first.
+    kept: std::collections::VecDeque<TimeshiftLast>,
+    /// The writes under way, each with the requests waiting for it.
+    flights: std::collections::HashMap<TimeshiftKey, Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl TimeshiftState {
+    fn find(&self, version: TimeshiftVersion, query: &str) -> Option<Arc<Playlist>> {
+        let l = self
+            .kept
+            .iter()
+            .find(|l| l.version == version && *l.query == *query)?;
+        Some(l.playlist.clone())
+    }
 }
 
 #[derive(Debug)]
@@ -615,11 +641,33 @@ struct TimeshiftLast {
     playlist: Arc<Playlist>,
 }
 
+/// A request's part in a flight: the last to leave (written, refused or hung up) takes the
+/// flight out of the map.
+struct Boarded<'a> {
+    memo: &'a TimeshiftMemo,
+    key: TimeshiftKey,
+    flight: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for Boarded<'_> {
+    fn drop(&mut self) {
+        let mut state = registry::lock(&self.memo.state);
+        // Clones are made only under this lock: the map's and this one left means no other.
+        let last = state
+            .flights
+            .get(&self.key)
+            .is_some_and(|f| Arc::ptr_eq(f, &self.flight) && Arc::strong_count(f) == 2);
+        if last {
+            state.flights.remove(&self.key);
+        }
+    }
+}
+
 impl TimeshiftMemo {
-    /// The whole-window playlist for `query`: the one written last when `now` (the window's
-    /// version as it is) is its version, else written from `take` (the window's version and
-    /// listing, copied when called) by `write`, and kept within `shared`'s bound. `Err`
-    /// carries what `write` refused (an estimated size).
+    /// The whole-window playlist for `query`: one kept when `now` (the window's version as it
+    /// is) is its version, else written from `take` (the window's version and listing, copied
+    /// when called) by `write`, and kept within `shared`'s bound. `Err` carries what `write`
+    /// refused (an estimated size).
     pub(super) async fn get<W, F>(
         &self,
         now: TimeshiftVersion,
@@ -632,22 +680,42 @@ impl TimeshiftMemo {
         W: FnOnce(super::TimeshiftListing) -> F,
         F: std::future::Future<Output = Result<String, usize>>,
     {
-        let mut last = self.last.lock().await;
-        if let Some(l) = last.as_ref() {
-            if l.version == now && *l.query == *query {
-                return Ok(l.playlist.clone());
+        let boarded = {
+            let mut state = registry::lock(&self.state);
+            if let Some(playlist) = state.find(now, query) {
+                return Ok(playlist);
             }
+            let key: TimeshiftKey = (now, query.into());
+            let flight = state.flights.entry(key.clone()).or_default().clone();
+            Boarded {
+                memo: self,
+                key,
+                flight,
+            }
+        };
+        let _flying = boarded.flight.lock().await;
+        // The one ahead may have written it.
+        let written = registry::lock(&self.state).find(now, query);
+        if let Some(playlist) = written {
+            return Ok(playlist);
         }
         let (version, listing) = take();
         #[cfg(test)]
         self.writes.fetch_add(1, Ordering::AcqRel);
         let playlist = Playlist::new(write(listing).await?);
-        // The old one's bytes go back first (unless answers still send it).
-        *last = None;
+        let mut state = registry::lock(&self.state);
+        // Its query's older versions, and playlists of older windows, are asked no more:
+        // their bytes go back first (unless answers still send them).
+        state
+            .kept
+            .retain(|l| *l.query != *query && l.version.1 >= version.1);
+        while state.kept.len() >= TIMESHIFT_KEPT {
+            state.kept.pop_front();
+        }
         if playlist.text.len() <= MAX_KEPT_BYTES {
             if let Some(held) = shared.reserve_playlist(playlist.text.len() as u64) {
                 playlist.keep(held);
-                *last = Some(TimeshiftLast {
+                state.kept.push_back(TimeshiftLast {
                     version,
                     query: query.into(),
                     playlist: playlist.clone(),
@@ -802,5 +870,50 @@ mod tests {
             assert_eq!(fmp4(rendered.clone()).await.as_ptr(), first.as_ptr());
         }
         assert_eq!(rendered.writes(), 2);
+    }
+
+    /// A timeshift write for one query does not wait for another query's (one lock per
+    /// channel was held across every write), and requests of one version and query share
+    /// its write; the flights are gone once done.
+    #[tokio::test]
+    async fn a_timeshift_write_does_not_wait_for_another_query() {
+        let memo = TimeshiftMemo::default();
+        let shared = Arc::new(Shared::default());
+        let version = (0, 2, 0);
+        let take = || {
+            let listing = super::super::TimeshiftListing {
+                entries: Vec::new(),
+                target: 4,
+                gone: 0,
+                complete: None,
+            };
+            (version, listing)
+        };
+        let (release, held) = tokio::sync::oneshot::channel::<()>();
+        let slow = memo.get(version, "a=1", &shared, take, |_| async move {
+            held.await.ok();
+            Ok("slow\n".to_owned())
+        });
+        let slow_again = memo.get(version, "a=1", &shared, take, |_| async {
+            Ok("again\n".to_owned())
+        });
+        let other = async {
+            let quick = memo.get(version, "b=2", &shared, take, |_| async {
+                Ok("quick\n".to_owned())
+            });
+            let quick = tokio::time::timeout(Duration::from_secs(5), quick)
+                .await
+                .expect("not behind the other query's write")
+                .unwrap();
+            release.send(()).unwrap();
+            quick
+        };
+        let (slow, slow_again, quick) = tokio::join!(slow, slow_again, other);
+        assert_eq!(&quick.text[..], b"quick\n");
+        let (slow, slow_again) = (slow.unwrap(), slow_again.unwrap());
+        assert_eq!(&slow.text[..], b"slow\n");
+        assert!(Arc::ptr_eq(&slow, &slow_again), "one write for one query");
+        assert_eq!(memo.writes(), 2);
+        assert!(registry::lock(&memo.state).flights.is_empty());
     }
 }
