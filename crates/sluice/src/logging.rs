@@ -239,8 +239,13 @@ pub fn flush(timeout: Duration) -> bool {
 pub fn flush_on_panic() {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        if let Some(Some(queue)) = STDERR.get() {
-            queue.drain_by_looking(PANIC_FLUSH);
+        // Only where a panic ends the process: unwinding, the runtime catches a task's panic
+        // and goes on (a busy queue would hold that worker the whole wait), and an exit after
+        // it flushes in `main`.
+        if cfg!(panic = "abort") {
+            if let Some(Some(queue)) = STDERR.get() {
+                queue.drain_by_looking(PANIC_FLUSH);
+            }
         }
         previous(info);
     }));

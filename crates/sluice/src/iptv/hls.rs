@@ -32,7 +32,7 @@ mod viewers;
 pub use fmp4::Container;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -1130,12 +1130,25 @@ impl TimeshiftListing {
 /// catch-up writes are, but refused too when none comes within `wait` (the target duration):
 /// only trying for one, any queued write took the place freed before it (503 on every
 /// reload), and waiting without bound queued requests behind a few large writes, each holding
-/// its listing.
+/// its listing. At most [`TIMESHIFT_WAITING`] wait at once over all channels; past them it is
+/// refused at once (each waiter holds its listing, up to ~1.2 MB, and stands in the queue
+/// ahead of later live playlist writes).
 async fn write_timeshift(
     listing: TimeshiftListing,
     query: &str,
     places: &Arc<tokio::sync::Semaphore>,
     wait: Duration,
+) -> Result<String, usize> {
+    write_timeshift_counted(listing, query, places, wait, &WAITING).await
+}
+
+/// [`write_timeshift`] with the count of waiting writes given (tests use one of their own).
+async fn write_timeshift_counted(
+    listing: TimeshiftListing,
+    query: &str,
+    places: &Arc<tokio::sync::Semaphore>,
+    wait: Duration,
+    waiting: &AtomicUsize,
 ) -> Result<String, usize> {
     let estimate = listing.estimate(query);
     if estimate > MAX_TIMESHIFT_PLAYLIST {
@@ -1144,6 +1157,9 @@ async fn write_timeshift(
     if estimate < TIMESHIFT_INLINE_BYTES {
         return Ok(listing.write(query));
     }
+    let Some(_waiting) = Waiting::join(waiting) else {
+        return Err(estimate);
+    };
     let place = match tokio::time::timeout(wait, places.clone().acquire_owned()).await {
         Ok(Ok(place)) => place,
         Err(_elapsed) => return Err(estimate),
@@ -1159,6 +1175,33 @@ async fn write_timeshift(
     .await;
     // Only a panic or a runtime shutting down ends a blocking job early: it is written here.
     Ok(written.unwrap_or_else(|_| listing.write(query)))
+}
+
+/// Timeshift playlist writes waiting for a blocking place, over all channels: see
+/// [`write_timeshift`].
+const TIMESHIFT_WAITING: usize = 8;
+
+static WAITING: AtomicUsize = AtomicUsize::new(0);
+
+/// One of the [`TIMESHIFT_WAITING`] places to wait in, given back when dropped (the write
+/// done, refused or its request gone).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn join(count: &'a AtomicUsize) -> Option<Waiting<'a>> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < TIMESHIFT_WAITING).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Waiting(count))
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A timeshift channel's whole-window playlist for `query`: written once per version of the
@@ -2130,6 +2173,77 @@ mod tests {
         assert!(text.len() <= MAX_TIMESHIFT_PLAYLIST, "{} bytes", text.len());
         assert_eq!(text.matches(".ts?t=").count(), timeshift::MAX_SEGMENTS);
         assert!(text.ends_with(&format!("{}.ts?{query}\n", timeshift::MAX_SEGMENTS - 1)));
+    }
+
+    /// At most `TIMESHIFT_WAITING` timeshift writes wait for a place at once: each holds its
+    /// listing while it waits (requests with distinct queries each waited, ~1.2 MB apiece, and
+    /// stood ahead of later live writes in the places' queue).
+    #[tokio::test]
+    async fn only_a_few_timeshift_writes_wait_for_a_place() {
+        let listing = |n: usize| TimeshiftListing {
+            entries: (0..n as u64)
+                .map(|i| Entry {
+                    sequence: i,
+                    duration: CLOCK / 25,
+                    discontinuity: false,
+                    wall_ms: Some(1_700_000_000_000 + i as i64 * 40),
+                })
+                .collect(),
+            target: 4,
+            gone: 0,
+            complete: None,
+        };
+        // Past the inline size (written on the blocking pool), far under the refusal's.
+        let query = format!("t={}", "x".repeat(100));
+        let places = Arc::new(tokio::sync::Semaphore::new(kept::BLOCKING_WRITES));
+        let taken = places
+            .clone()
+            .acquire_many_owned(kept::BLOCKING_WRITES as u32)
+            .await
+            .unwrap();
+        // A count of its own: other tests write timeshift playlists at the same time.
+        static WAITS: AtomicUsize = AtomicUsize::new(0);
+        let wait = Duration::from_secs(30);
+        let waiters: Vec<_> = (0..TIMESHIFT_WAITING)
+            .map(|_| {
+                let (entries, query, places) = (
+                    listing(timeshift::MAX_SEGMENTS),
+                    query.clone(),
+                    places.clone(),
+                );
+                tokio::spawn(async move {
+                    write_timeshift_counted(entries, &query, &places, wait, &WAITS).await
+                })
+            })
+            .collect();
+        // Every one of them comes to wait for a place.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while WAITS.load(Ordering::Acquire) < TIMESHIFT_WAITING {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("all waiting");
+        // One more is refused at once, without waiting.
+        let more = tokio::time::timeout(
+            Duration::from_secs(5),
+            write_timeshift_counted(
+                listing(timeshift::MAX_SEGMENTS),
+                &query,
+                &places,
+                wait,
+                &WAITS,
+            ),
+        )
+        .await
+        .expect("refused at once, not queued");
+        assert!(more.is_err());
+        // The places come back: the waiting ones are written, and give their places back.
+        drop(taken);
+        for waiter in waiters {
+            assert!(waiter.await.unwrap().is_ok());
+        }
+        assert_eq!(WAITS.load(Ordering::Acquire), 0);
     }
 
     /// Viewers of one version of a timeshift window (one after another or together) share one
