@@ -1,7 +1,8 @@
 //! DASH: MPD parsing, segment addressing, live windows and conversion to HLS playlists. No I/O.
 //!
 //! # Layout
-//! - `xml`: bounded element tree from quick-xml (depth and size caps, DTD entities never expanded).
+//! - `xml`: bounded element tree from quick-xml (depth, size and attribute caps, DTD entities never
+//!   expanded).
 //! - `time`: ISO 8601 durations and xs:dateTime values as seconds.
 //! - `mpd`: the typed model ([`Mpd`] → [`Period`] → [`AdaptationSet`] → [`Representation`]) with
 //!   BaseURL, attribute and segment-information inheritance resolved.
@@ -100,6 +101,8 @@ pub enum DashError {
     TooDeep(usize),
     #[error("more than {0} XML elements")]
     TooManyElements(usize),
+    #[error("more than {0} attributes on one XML element")]
+    TooManyAttributes(usize),
     #[error("invalid {name}: {value:?}")]
     InvalidAttribute { name: &'static str, value: String },
     #[error("missing {0}")]

@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use sha2::{Digest, Sha256};
+
 use super::master::clean;
 use super::mpd::{Mpd, Period, Representation};
 use super::segments::{
@@ -12,6 +14,7 @@ use super::sequence::{LiveSequence, Placed};
 use super::sidx::SidxFragment;
 use super::time::format_datetime;
 use super::{shorten, DashError};
+use crate::keys::to_hex;
 
 /// Per-request choices for a media playlist.
 #[derive(Debug, Clone, Default)]
@@ -161,12 +164,12 @@ pub fn to_hls_media_live(
     let mut entries = collect_entries(mpd, profile_id, options)?;
     if mpd.is_live() {
         // Every listed segment, before the window is cut, so each new Period meets the one
-        // before it.
-        let keys: Vec<String> = entries.iter().map(|e| period_key(mpd, e.period)).collect();
+        // before it. One short key per Period, shared by its segments.
+        let keys: Vec<String> = mpd.periods.iter().map(period_key).collect();
         let placed = sequence.place(
-            keys.iter()
-                .zip(&entries)
-                .map(|(k, e)| (k.as_str(), e.segment.number)),
+            entries
+                .iter()
+                .map(|e| (keys[e.period].as_str(), e.segment.number)),
         );
         for (entry, placed) in entries.iter_mut().zip(placed) {
             entry.placed = placed;
@@ -239,11 +242,16 @@ pub fn to_hls_media_live(
     Ok(out)
 }
 
-/// What names a Period from one MPD update to the next: its `id`, else its start.
-fn period_key(mpd: &Mpd, index: usize) -> String {
-    let period = &mpd.periods[index];
+/// Longest `Period@id` used as its own key; a longer one is replaced by its SHA-256, so the key
+/// the caller keeps between updates stays small whatever the MPD says.
+pub(crate) const MAX_PERIOD_KEY_ID: usize = 64;
+
+/// What names a Period from one MPD update to the next: its `id`, else its start. A key from an
+/// id is at most 74 bytes, and a hashed one cannot equal a kept one (it is longer).
+pub(crate) fn period_key(period: &Period) -> String {
     match &period.id {
-        Some(id) => format!("id {id}"),
+        Some(id) if id.len() <= MAX_PERIOD_KEY_ID => format!("id {id}"),
+        Some(id) => format!("id sha256:{}", to_hex(&Sha256::digest(id.as_bytes()))),
         None => format!("start {:.3}", period.start),
     }
 }

@@ -237,35 +237,38 @@ pub fn keys_needed(mpd: &Mpd, keys: Option<&KeyRing>) -> Option<KeysNeeded> {
     if keys.is_some() {
         return None;
     }
-    let mut needed = KeysNeeded {
-        kids: Vec::new(),
-        license_urls: Vec::new(),
+    if !mpd.representations().any(|(_, _, r)| r.is_protected()) {
+        return None;
+    }
+    // Only protected tracks have ContentProtection entries.
+    let protections = || {
+        mpd.representations()
+            .flat_map(|(_, _, r)| r.protection.iter())
     };
-    // Distinct values, at most `MAX_NAMED` of each in the message, which goes back to the client
-    // (a hostile MPD may name thousands: looked up only while the list is short).
-    let mut protected = false;
-    for (_, _, rep) in mpd.representations().filter(|(_, _, r)| r.is_protected()) {
-        protected = true;
-        for kid in rep.key_ids() {
-            if needed.kids.len() < MAX_NAMED && !needed.kids.contains(&kid) {
-                needed.kids.push(kid);
-            }
-        }
-        for url in rep
-            .protection
-            .iter()
-            .filter_map(|p| p.license_url.as_deref())
-        {
-            if needed.license_urls.len() >= MAX_NAMED {
+    Some(KeysNeeded {
+        kids: first_named(protections().filter_map(|p| p.default_kid.as_deref())),
+        license_urls: first_named(
+            protections()
+                .filter_map(|p| p.license_url.as_deref())
+                .map(super::shorten),
+        ),
+    })
+}
+
+/// The first [`MAX_NAMED`] distinct values, in order, for the message that goes back to the
+/// client. Reads no further once it has them: a hostile MPD may name a hundred thousand.
+fn first_named<S: AsRef<str>>(values: impl IntoIterator<Item = S>) -> Vec<String> {
+    let mut named: Vec<String> = Vec::new();
+    for value in values {
+        let value = value.as_ref();
+        if !named.iter().any(|n| n == value) {
+            named.push(value.to_owned());
+            if named.len() == MAX_NAMED {
                 break;
-            }
-            let short = super::shorten(url);
-            if !needed.license_urls.contains(&short) {
-                needed.license_urls.push(short);
             }
         }
     }
-    protected.then_some(needed)
+    named
 }
 
 /// The KID of the first protected track `keys` cannot decrypt. A lone key serves a lone KID even
@@ -299,13 +302,24 @@ pub fn master_options(query: &Query) -> Result<super::MasterOptions, RequestErro
     })
 }
 
-/// `skip=from-to,from-to` in seconds.
+/// Most ranges one `skip` may list; real ones skip an intro, a recap and the credits.
+pub const MAX_SKIP_RANGES: usize = 64;
+
+/// `skip=from-to,from-to` in seconds, at most [`MAX_SKIP_RANGES`] of them.
 pub fn parse_skip(query: &Query) -> Result<Vec<(f64, f64)>, RequestError> {
     let Some(raw) = query.get("skip").filter(|v| !v.trim().is_empty()) else {
         return Ok(Vec::new());
     };
-    raw.split(',')
-        .filter(|s| !s.trim().is_empty())
+    let spans: Vec<&str> = raw.split(',').filter(|s| !s.trim().is_empty()).collect();
+    // Every playlist segment is checked against every range.
+    if spans.len() > MAX_SKIP_RANGES {
+        return Err(RequestError::Invalid {
+            name: "skip",
+            why: format!("more than {MAX_SKIP_RANGES} ranges"),
+        });
+    }
+    spans
+        .into_iter()
         .map(|span| {
             let parsed = span.trim().split_once('-').and_then(|(a, b)| {
                 let (a, b) = (a.trim().parse::<f64>().ok()?, b.trim().parse::<f64>().ok()?);
@@ -405,6 +419,38 @@ mod tests {
             start_offset(&q("start_offset=-6"), false, -18.0).unwrap(),
             Some(-6.0)
         );
+    }
+
+    /// Named values stop being read once 16 are kept: a hostile MPD may list 100,000 KIDs.
+    #[test]
+    fn first_named_reads_no_further_than_it_needs() {
+        let mut read = 0;
+        let values = (0..100_000)
+            .map(|i| format!("{:032x}", i / 2))
+            .inspect(|_| read += 1);
+        let named = first_named(values);
+        assert_eq!(named.len(), MAX_NAMED);
+        assert_eq!(named[15], format!("{:032x}", 15));
+        // Each value is listed twice: 16 distinct ones are the first 31 read.
+        assert_eq!(read, 2 * MAX_NAMED - 1);
+    }
+
+    #[test]
+    fn skip_ranges_are_capped() {
+        let ranges = |n: usize| {
+            let list: Vec<String> = (0..n).map(|i| format!("{i}-{i}.5")).collect();
+            q(&format!("skip={}", list.join(",")))
+        };
+        assert_eq!(parse_skip(&ranges(MAX_SKIP_RANGES)).unwrap().len(), 64);
+        assert_eq!(
+            parse_skip(&ranges(MAX_SKIP_RANGES + 1)),
+            Err(RequestError::Invalid {
+                name: "skip",
+                why: "more than 64 ranges".into(),
+            })
+        );
+        // Empty items are not ranges, as before.
+        assert_eq!(parse_skip(&q("skip=0-1,,")).unwrap(), vec![(0.0, 1.0)]);
     }
 
     #[test]

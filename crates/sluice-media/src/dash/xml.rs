@@ -14,6 +14,8 @@ use super::DashError;
 pub(crate) const MAX_DEPTH: usize = 64;
 /// Most elements accepted in one document.
 pub(crate) const MAX_ELEMENTS: usize = 200_000;
+/// Most attributes accepted on one element; real MPD elements carry under 30.
+pub(crate) const MAX_ATTRIBUTES: usize = 256;
 
 /// One element: local name (namespace prefix dropped), attributes by local name, children, text.
 #[derive(Debug, Default)]
@@ -117,6 +119,11 @@ fn element(start: &BytesStart<'_>) -> Result<Element, DashError> {
     let name = utf8(start.local_name().as_ref())?;
     let mut attrs = Vec::new();
     for attr in start.attributes() {
+        // quick-xml checks each attribute against all before it for duplicates, and lookups
+        // here scan the list: both linear per attribute, so the count is capped.
+        if attrs.len() == MAX_ATTRIBUTES {
+            return Err(DashError::TooManyAttributes(MAX_ATTRIBUTES));
+        }
         let attr = attr.map_err(|e| xml_msg(&e.to_string()))?;
         let key = utf8(attr.key.local_name().as_ref())?;
         let value = attr.unescape_value().map_err(xml_error)?.into_owned();

@@ -84,6 +84,74 @@ fn too_many_elements_are_refused() {
     );
 }
 
+/// quick-xml checks each attribute against all before it, so 100,000 on one element cost 5 * 10^9
+/// comparisons: more than `MAX_ATTRIBUTES` is refused, before the rest are read.
+#[test]
+fn too_many_attributes_on_one_element_are_refused() {
+    let attrs = |n: usize| (0..n).map(|i| format!(" a{i}=\"{i}\"")).collect::<String>();
+    let xml = format!("<MPD{}><Period/></MPD>", attrs(1_000));
+    assert_eq!(
+        parse_err(&xml),
+        DashError::TooManyAttributes(xml::MAX_ATTRIBUTES)
+    );
+    let deep = format!("<MPD><Period{}/></MPD>", attrs(xml::MAX_ATTRIBUTES + 1));
+    assert_eq!(
+        parse_err(&deep),
+        DashError::TooManyAttributes(xml::MAX_ATTRIBUTES)
+    );
+    // At the cap, the document parses and its attributes are read.
+    let xml = format!(
+        r#"<MPD mediaPresentationDuration="PT4S"{}><Period/></MPD>"#,
+        attrs(xml::MAX_ATTRIBUTES - 1)
+    );
+    let mpd = parse(&xml);
+    assert_eq!(mpd.media_presentation_duration, Some(4.0));
+}
+
+/// A live MPD whose Period id is long: the key naming the Period across updates is its hash,
+/// made once for the Period, so neither the playlist build (one key per segment before) nor the
+/// caller's kept state holds a copy of the id per segment. A 200 KB id over 100,000 segments
+/// was 20 GB.
+#[test]
+fn a_long_period_id_is_kept_as_a_short_key() {
+    let live = |id: &str| {
+        parse(&format!(
+            r#"<MPD type="dynamic" availabilityStartTime="1970-01-01T00:00:00Z" timeShiftBufferDepth="PT1000S">
+              <Period id="{id}" start="PT0S"><AdaptationSet mimeType="video/mp4">
+                <SegmentTemplate media="$Number$" timescale="1" duration="1"/>
+                <Representation id="v" bandwidth="1"/></AdaptationSet></Period></MPD>"#
+        ))
+    };
+    let long = "p".repeat(20_000);
+    let mpd = live(&long);
+    let key = media::period_key(&mpd.periods[0]);
+    assert_eq!(key.len(), "id sha256:".len() + 64);
+    assert!(key.starts_with("id sha256:"));
+    // A short id keeps the key it always had, so kept state still matches it.
+    assert_eq!(media::period_key(&live("p1").periods[0]), "id p1");
+    assert_eq!(
+        media::period_key(&live(&"q".repeat(64)).periods[0]),
+        format!("id {}", "q".repeat(64))
+    );
+    assert_ne!(media::period_key(&live(&"p".repeat(65)).periods[0]), key);
+
+    let mut sequence = LiveSequence::default();
+    let options = MediaOptions {
+        now: 100_000.0,
+        ..MediaOptions::default()
+    };
+    let playlist =
+        to_hls_media_live(&mpd, "0_v_1", &options, &mut sequence, |_| "s".into()).unwrap();
+    // The whole 1,000 s window, numbered on from the segment the window starts at.
+    assert_eq!(playlist.matches("#EXTINF:1.000,").count(), 1_000);
+    assert!(playlist.contains("#EXT-X-MEDIA-SEQUENCE:99001\n"));
+    // The state kept between updates holds the short key, not the id.
+    let kept = format!("{sequence:?}");
+    assert!(kept.len() < 500, "{} bytes kept", kept.len());
+    let again = to_hls_media_live(&mpd, "0_v_1", &options, &mut sequence, |_| "s".into()).unwrap();
+    assert_eq!(again, playlist);
+}
+
 /// `period` at Period level, then one AdaptationSet with `set` and `reps` bare Representations.
 fn inherited_by(period: &str, set_attrs: &str, set: &str, reps: usize) -> String {
     format!(
