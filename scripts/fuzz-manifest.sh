@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Regenerates crates/sluice-media/fuzz/Cargo.toml with one [[bin]] per file in fuzz_targets/.
+# Regenerates crates/<crate>/fuzz/Cargo.toml with one [[bin]] per file in fuzz_targets/.
+# Usage: scripts/fuzz-manifest.sh [sluice-media|sluice-http]   (default sluice-media)
 set -euo pipefail
-cd "$(dirname "$0")/../crates/sluice-media/fuzz"
+crate=${1:-sluice-media}
+case "$crate" in
+  sluice-media) deps=$'url = "2"\nbytes = "1"\nhttp = "1"' ;;
+  sluice-http) deps='http = "1"' ;;
+  *) echo "usage: $0 [sluice-media|sluice-http]" >&2; exit 2 ;;
+esac
+cd "$(dirname "$0")/../crates/$crate/fuzz"
 {
-  cat <<'HEAD'
+  cat <<HEAD
 [package]
-name = "sluice-media-fuzz"
+name = "$crate-fuzz"
 version = "0.0.0"
 publish = false
 edition = "2021"
@@ -15,10 +22,8 @@ cargo-fuzz = true
 
 [dependencies]
 libfuzzer-sys = "0.4"
-url = "2"
-bytes = "1"
-http = "1"
-sluice-media = { path = ".." }
+$deps
+$crate = { path = ".." }
 
 # Its own workspace, so the main workspace build never compiles the fuzz crate (cargo fuzz builds it).
 [workspace]
