@@ -476,9 +476,13 @@ impl Iptv {
         // headers, and the password itself must not appear in a URL).
         let seal = req.extensions.get::<EntrySealer>().map(|s| s.0.clone());
         // Players fetch the guide from this gateway (cached, and reachable where the source
-        // is not) whenever there is one to serve.
+        // is not) whenever there is one to serve. Behind a password its token opens that one
+        // path: as a plain scope, `/epg.xml.gz` would also open every path below it.
         let epg = self.epg.source(Some(&text_in)).map(|_| match &seal {
-            Some(seal) => format!("{base}{}/epg.xml.gz", seal("/epg.xml.gz", &[])),
+            Some(seal) => {
+                let scope = crate::auth::token::exact_scope("/epg.xml.gz");
+                format!("{base}{}/epg.xml.gz", seal(&scope, &[]))
+            }
             None => format!("{base}/epg.xml.gz"),
         });
         let rtsp = &self.config.rtsp;

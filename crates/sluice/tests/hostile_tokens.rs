@@ -60,6 +60,9 @@ impl HlsOrigin {
                                       #EXTINF:4.0,\nseg0.ts\n#EXTINF:4.0,\nseg1.ts\n#EXT-X-ENDLIST\n",
                                 ),
                                 "/vod/manifest.mpd" => Bytes::from_static(MPD.as_bytes()),
+                                "/guide.xml" => Bytes::from_static(
+                                    b"<?xml version=\"1.0\"?>\n<tv><channel id=\"a\"/></tv>\n",
+                                ),
                                 _ => Bytes::from_static(SEGMENT),
                             };
                             Ok::<_, Infallible>(Response::new(Full::new(body)))
@@ -535,6 +538,53 @@ async fn a_playlist_entry_token_opens_no_other_path_on_its_host() {
         before,
         "an attack reached the RTSP server"
     );
+}
+
+/// The playlist's guide link carries a token that opens `/epg.xml.gz` alone: not a path below it
+/// (a plain scope on `/epg.xml.gz` opens `/epg.xml.gz/...`), nor its neighbours. Each gets the
+/// same answer as every other token refusal. (`/epg.xml.gz.bak` and the like route nowhere: they
+/// get a 404 before any token is opened, whatever the token.)
+#[tokio::test]
+async fn the_guide_links_token_opens_the_guide_alone() {
+    let origin = HlsOrigin::start().await;
+    let mut m3u = tempfile::NamedTempFile::new().unwrap();
+    write!(
+        m3u,
+        "#EXTM3U x-tvg-url=\"{}\"\n#EXTINF:-1,One\nrtp://239.1.2.3:5000\n",
+        origin.url("/guide.xml")
+    )
+    .unwrap();
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.iptv.playlist = Some(m3u.path().to_str().unwrap().to_string());
+    config.iptv.interface = Some("lo".into());
+    let s = Sluice::start(config).await;
+    let want = reference(&s).await;
+    let r = get(&s.url(&format!("/playlist.m3u?api_password={PW}"))).await;
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let head = text.lines().next().unwrap();
+    let guide = head
+        .split_once("x-tvg-url=\"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map(|(url, _)| url)
+        .unwrap_or_else(|| panic!("no guide link: {head}"));
+    let (base, token, path) = split_token(guide);
+    assert_eq!(path, "epg.xml.gz");
+    // The link itself opens the guide.
+    let r = get(guide).await;
+    assert_eq!(r.status, 200, "{guide}");
+    assert_eq!(&r.body.unwrap()[..2], b"\x1f\x8b");
+    for attack in [
+        format!("{base}/_token_{token}/epg.xml.gz/x"),
+        format!("{base}/_token_{token}/epg.xml.gz/"),
+        format!("{base}/epg.xml.gz/x?token={token}"),
+        format!("{base}/_token_{token}/epg.xml"),
+        format!("{base}/epg.xml?token={token}"),
+        format!("{base}/_token_{token}/playlist.m3u"),
+        format!("{base}/_token_{token}/rtp/239.1.2.3:5000"),
+    ] {
+        assert_eq!(observe(&attack).await, want, "{attack}");
+    }
 }
 
 /// `POST /generate_url` with this server's password; the URL it answers.
