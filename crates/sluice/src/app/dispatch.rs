@@ -162,8 +162,10 @@ impl App {
         peer: SocketAddr,
         secure: bool,
     ) -> Response<Body> {
-        let ctx = match self.context(&req, peer, secure) {
-            Ok(ctx) => ctx,
+        // A MediaFlow token's claims, as opened: its in-flight share keys on them.
+        #[cfg_attr(not(feature = "media"), allow(unused_variables))]
+        let (ctx, claims) = match self.context(&req, peer, secure) {
+            Ok(opened) => opened,
             Err(why) => {
                 tracing::debug!(reason = %why, "token refused");
                 return token_refused();
@@ -226,7 +228,7 @@ impl App {
                 // A merge fetches up to 16 sources: it holds places like `/proxy/*`.
                 Some(media) => match self
                     .authorize(&req, &ctx)
-                    .and_then(|()| self.media_places(&req, &ctx))
+                    .and_then(|()| self.media_places(&req, &ctx, claims.as_ref()))
                 {
                     Ok(places) => media
                         .handle_playlist(req, &ctx)
@@ -269,7 +271,7 @@ impl App {
             p if Media::serves_extractor(p) => match &self.media {
                 Some(media) => match self
                     .authorize(&req, &ctx)
-                    .and_then(|()| self.media_places(&req, &ctx))
+                    .and_then(|()| self.media_places(&req, &ctx, claims.as_ref()))
                 {
                     Ok(places) => media
                         .handle_extractor(req, &ctx)
@@ -283,7 +285,7 @@ impl App {
             p if p.starts_with("/proxy/") => match &self.media {
                 Some(media) => match self
                     .authorize(&req, &ctx)
-                    .and_then(|()| self.media_places(&req, &ctx))
+                    .and_then(|()| self.media_places(&req, &ctx, claims.as_ref()))
                 {
                     Ok(places) => media
                         .handle(req, &ctx)
@@ -304,7 +306,7 @@ impl App {
                         super::gate::token_proves_password(ctx.token.as_ref())
                             || self.keys.load().auth.check(offered)
                     };
-                    match self.media_places(&req, &ctx) {
+                    match self.media_places(&req, &ctx, claims.as_ref()) {
                         Ok(places) => media
                             .handle_xtream(req, &ctx, &password_ok)
                             .await

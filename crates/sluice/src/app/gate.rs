@@ -6,7 +6,7 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 #[cfg(feature = "media")]
 use sluice_media::query::Query;
 #[cfg(feature = "media")]
-use sluice_media::token::split_path_token;
+use sluice_media::token::{split_path_token, TokenClaims};
 
 use super::routes;
 use super::App;
@@ -18,12 +18,14 @@ use crate::request::RequestContext;
 impl App {
     /// Places for one media request in its client's and its token's in-flight counts, or a 429
     /// naming the bound: one client (or one leaked link) cannot make sluice hold unbounded
-    /// upstream fetches.
+    /// upstream fetches. `claims` are the request's MediaFlow token's, as [`App::context`] opened
+    /// them (it is not decrypted again here).
     #[cfg(feature = "media")]
     pub(super) fn media_places(
         &self,
         req: &Request<Incoming>,
         ctx: &RequestContext,
+        claims: Option<&TokenClaims>,
     ) -> Result<Vec<crate::media::limit::Place>, ProxyError> {
         let busy = |what: &str| {
             ProxyError::downstream(
@@ -65,7 +67,7 @@ impl App {
             // from a text); failing that, by its decoded bytes. A sealed token has one spelling.
             let bytes = match sluice_media::token::sealed::is_sealed(&raw) {
                 true => None,
-                false => mediaflow_key(&self.keys.load().auth, &raw),
+                false => mediaflow_key(claims, &raw),
             }
             .unwrap_or_else(|| [b"t".as_slice(), raw.as_bytes()].concat());
             let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&bytes).into();
@@ -106,16 +108,13 @@ impl App {
     }
 }
 
-/// What a MediaFlow token's in-flight share is keyed on: its claims in canonical form, or (should
-/// it not decrypt, e.g. the password changed since it was opened) its decoded bytes.
+/// What a MediaFlow token's in-flight share is keyed on: the claims it opened to, in canonical
+/// form, or (without them) its decoded bytes.
 #[cfg(feature = "media")]
-fn mediaflow_key(auth: &Auth, raw: &str) -> Option<Vec<u8>> {
-    use sluice_media::token::{canonical_claims, token_bytes, TokenKey};
-    let claims = auth
-        .secret()
-        .and_then(|pw| TokenKey::new(pw).decrypt(raw).ok());
+fn mediaflow_key(claims: Option<&TokenClaims>, raw: &str) -> Option<Vec<u8>> {
+    use sluice_media::token::{canonical_claims, token_bytes};
     match claims {
-        Some(claims) => Some([b"c".as_slice(), &canonical_claims(&claims)].concat()),
+        Some(claims) => Some([b"c".as_slice(), &canonical_claims(claims)].concat()),
         None => token_bytes(raw)
             .ok()
             .map(|decoded| [b"m".as_slice(), &decoded].concat()),

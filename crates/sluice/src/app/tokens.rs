@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::body::Incoming;
 use http::{header, Request};
 use sluice_media::query::Query;
-use sluice_media::token::split_path_token;
+use sluice_media::token::{split_path_token, TokenClaims};
 
 use super::App;
 use crate::auth::token;
@@ -17,13 +17,15 @@ use crate::request::RequestContext;
 impl App {
     /// Works out the client IP, the routing path and the effective query. A token (in the path as
     /// `/_token_<T>/...` or as `?token=`) is opened and its scope enforced here, before any front
-    /// end sees the request; every token failure gets the same [`token::refusal`].
+    /// end sees the request; every token failure gets the same [`token::refusal`]. A MediaFlow
+    /// token's claims come back beside the context, for its in-flight share
+    /// ([`App::media_places`]): it is decrypted here and nowhere else.
     pub(super) fn context(
         &self,
         req: &Request<Incoming>,
         peer: SocketAddr,
         secure: bool,
-    ) -> Result<RequestContext, token::TokenRefusal> {
+    ) -> Result<(RequestContext, Option<TokenClaims>), token::TokenRefusal> {
         let client_ip = self.keys.load().auth.client_ip(peer.ip(), req.headers());
         let raw_path = req.uri().path();
         let mut query = Query::parse(req.uri().query().unwrap_or(""));
@@ -39,6 +41,7 @@ impl App {
             .filter(|h| h.bytes().all(|b| b.is_ascii_graphic()))
             .map(str::to_string);
         let mut scope = None;
+        let mut claims = None;
         if let Some(token) = token {
             if !token::is_normal_path(&path) {
                 // Scopes match the path as sent; a dot segment would walk out of one.
@@ -51,17 +54,18 @@ impl App {
                 .and_then(|gate| gate.open(&token, client_ip, token::now()))
                 .and_then(|opened| {
                     let q = token::scoped_query(&opened, &path, &query, self.seek_params())?;
-                    Ok((opened.scope, q))
+                    Ok((opened, q))
                 });
             match opened {
-                Ok((s, q)) => {
+                Ok((opened, q)) => {
                     query = q;
-                    scope = Some(s);
+                    scope = Some(opened.scope);
+                    claims = opened.claims;
                 }
                 Err(why) => return Err(why),
             }
         }
-        Ok(RequestContext {
+        let ctx = RequestContext {
             peer,
             client_ip,
             query,
@@ -69,7 +73,8 @@ impl App {
             host,
             secure,
             token: scope,
-        })
+        };
+        Ok((ctx, claims))
     }
 
     /// The names the IPTV gateway reads as catch-up times (`iptv.rtsp.seek_params`).

@@ -57,10 +57,24 @@ pub fn exact_scope(path: &str) -> String {
 pub use crate::request::TokenScope;
 
 /// A token that opened: what it grants and the params the request is served with.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Opened {
     pub scope: TokenScope,
     pub params: Vec<(String, String)>,
+    /// A MediaFlow token's claims as it decrypted (password included), kept so nothing after
+    /// the open decrypts it again (its in-flight share keys on them); `None` for a sealed token.
+    pub claims: Option<sluice_media::token::TokenClaims>,
+}
+
+/// Without the claims, which hold the password.
+impl std::fmt::Debug for Opened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Opened")
+            .field("scope", &self.scope)
+            .field("params", &self.params)
+            .field("claims", &self.claims.as_ref().map(|_| "(hidden)"))
+            .finish()
+    }
 }
 
 /// Why a token was refused. Logged at debug level only; the client always gets [`refusal`].
@@ -174,6 +188,7 @@ impl TokenGate {
                     paths: Some(scope),
                 },
                 params,
+                claims: None,
             }
         } else {
             self.open_mediaflow(token)?
@@ -207,16 +222,18 @@ impl TokenGate {
         }
         let params = claims
             .params
-            .into_iter()
+            .iter()
             .filter(|(k, _)| k != "api_password")
+            .cloned()
             .collect();
         Ok(Opened {
             scope: TokenScope {
                 exp: claims.exp,
-                ip: claims.ip,
+                ip: claims.ip.clone(),
                 paths: None,
             },
             params,
+            claims: Some(claims),
         })
     }
 
