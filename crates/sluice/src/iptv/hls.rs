@@ -959,7 +959,7 @@ impl Iptv {
             }
         };
         let wait = Duration::from_secs(target);
-        match write_timeshift(listing, query, &self.hls.render.blocking, wait).await {
+        match write_timeshift(listing, query, &self.hls.render, wait).await {
             Ok(text) => self.playlist_answer(&sent::Playlist::new(text), req),
             Err(estimate) => memory_refused(&self.registry.metrics, estimate),
         }
@@ -1126,7 +1126,7 @@ impl TimeshiftListing {
 
 /// Writes a timeshift playlist: refused (with its estimated size) when it would be larger than
 /// [`MAX_TIMESHIFT_PLAYLIST`], before it is written; a large one on the blocking pool, in one
-/// of `places` (those the channels' large playlists share), queued for one as the live and
+/// of `shared`'s places (those the channels' large playlists share), queued for one as the live and
 /// catch-up writes are, but refused too when none comes within `wait` (the target duration):
 /// only trying for one, any queued write took the place freed before it (503 on every
 /// reload), and waiting without bound queued requests behind a few large writes, each holding
@@ -1136,19 +1136,8 @@ impl TimeshiftListing {
 async fn write_timeshift(
     listing: TimeshiftListing,
     query: &str,
-    places: &Arc<tokio::sync::Semaphore>,
+    shared: &kept::Shared,
     wait: Duration,
-) -> Result<String, usize> {
-    write_timeshift_counted(listing, query, places, wait, &WAITING).await
-}
-
-/// [`write_timeshift`] with the count of waiting writes given (tests use one of their own).
-async fn write_timeshift_counted(
-    listing: TimeshiftListing,
-    query: &str,
-    places: &Arc<tokio::sync::Semaphore>,
-    wait: Duration,
-    waiting: &AtomicUsize,
 ) -> Result<String, usize> {
     let estimate = listing.estimate(query);
     if estimate > MAX_TIMESHIFT_PLAYLIST {
@@ -1157,10 +1146,10 @@ async fn write_timeshift_counted(
     if estimate < TIMESHIFT_INLINE_BYTES {
         return Ok(listing.write(query));
     }
-    let Some(_waiting) = Waiting::join(waiting) else {
+    let Some(_waiting) = Waiting::join(&shared.timeshift_waiting) else {
         return Err(estimate);
     };
-    let place = match tokio::time::timeout(wait, places.clone().acquire_owned()).await {
+    let place = match tokio::time::timeout(wait, shared.blocking.clone().acquire_owned()).await {
         Ok(Ok(place)) => place,
         Err(_elapsed) => return Err(estimate),
         // The places are never closed; were they, the playlist is written here.
@@ -1180,8 +1169,6 @@ async fn write_timeshift_counted(
 /// Timeshift playlist writes waiting for a blocking place, over all channels: see
 /// [`write_timeshift`].
 const TIMESHIFT_WAITING: usize = 8;
-
-static WAITING: AtomicUsize = AtomicUsize::new(0);
 
 /// One of the [`TIMESHIFT_WAITING`] places to wait in, given back when dropped (the write
 /// done, refused or its request gone).
@@ -1231,7 +1218,7 @@ async fn timeshift_window(
         (version, listing)
     };
     let wait = Duration::from_secs(target);
-    let write = |listing| write_timeshift(listing, query, &shared.blocking, wait);
+    let write = |listing| write_timeshift(listing, query, shared, wait);
     Some(memo.get(now, query, shared, take, write).await)
 }
 
@@ -1511,6 +1498,23 @@ pub fn hls_entries(playlist: &str, base: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A timeshift listing of `n` 40 ms segments with wall-clock times.
+    fn timeshift_listing(n: usize) -> TimeshiftListing {
+        TimeshiftListing {
+            entries: (0..n as u64)
+                .map(|i| Entry {
+                    sequence: i,
+                    duration: CLOCK / 25,
+                    discontinuity: false,
+                    wall_ms: Some(1_700_000_000_000 + i as i64 * 40),
+                })
+                .collect(),
+            target: 4,
+            gone: 0,
+            complete: None,
+        }
+    }
 
     thread_local! {
         /// Segments `Window::segment` looked at, on this thread.
@@ -2112,23 +2116,13 @@ mod tests {
     /// (`timeshift::MAX_SEGMENTS`) with the longest query is written, within the bound.
     #[tokio::test]
     async fn a_timeshift_playlist_no_answer_could_send_is_refused_before_it_is_written() {
-        let listing = |n: usize| TimeshiftListing {
-            entries: (0..n as u64)
-                .map(|i| Entry {
-                    sequence: i,
-                    duration: CLOCK / 25,
-                    discontinuity: false,
-                    wall_ms: Some(1_700_000_000_000 + i as i64 * 40),
-                })
-                .collect(),
-            target: 4,
-            gone: 0,
-            complete: None,
-        };
         let query = format!("t={}", "x".repeat(MAX_QUERY_BYTES - 2));
-        let places = Arc::new(tokio::sync::Semaphore::new(kept::BLOCKING_WRITES));
+        let shared = kept::Shared::default();
+        let places = shared.places();
         // More entries than fit with that query (an index with no count bound held millions).
-        let big = listing(MAX_TIMESHIFT_PLAYLIST / (MAX_QUERY_BYTES + TIMESHIFT_LINE_BYTES) + 1);
+        let big = timeshift_listing(
+            MAX_TIMESHIFT_PLAYLIST / (MAX_QUERY_BYTES + TIMESHIFT_LINE_BYTES) + 1,
+        );
         // Every place is taken: a write would wait for one.
         let taken = places
             .clone()
@@ -2138,7 +2132,7 @@ mod tests {
         let wait = Duration::from_secs(30);
         let refused = tokio::time::timeout(
             Duration::from_secs(5),
-            write_timeshift(big, &query, &places, wait),
+            write_timeshift(big, &query, &shared, wait),
         )
         .await
         .expect("refused at once, not queued to be written");
@@ -2152,7 +2146,12 @@ mod tests {
         let short = Duration::from_millis(100);
         let busy = tokio::time::timeout(
             Duration::from_secs(5),
-            write_timeshift(listing(timeshift::MAX_SEGMENTS), &query, &places, short),
+            write_timeshift(
+                timeshift_listing(timeshift::MAX_SEGMENTS),
+                &query,
+                &shared,
+                short,
+            ),
         )
         .await
         .expect("refused after its wait, not queued for a place");
@@ -2166,9 +2165,14 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(200)).await;
             drop(taken);
         });
-        let text = write_timeshift(listing(timeshift::MAX_SEGMENTS), &query, &places, wait)
-            .await
-            .expect("written once a place frees");
+        let text = write_timeshift(
+            timeshift_listing(timeshift::MAX_SEGMENTS),
+            &query,
+            &shared,
+            wait,
+        )
+        .await
+        .expect("written once a place frees");
         freeing.await.unwrap();
         assert!(text.len() <= MAX_TIMESHIFT_PLAYLIST, "{} bytes", text.len());
         assert_eq!(text.matches(".ts?t=").count(), timeshift::MAX_SEGMENTS);
@@ -2180,45 +2184,29 @@ mod tests {
     /// stood ahead of later live writes in the places' queue).
     #[tokio::test]
     async fn only_a_few_timeshift_writes_wait_for_a_place() {
-        let listing = |n: usize| TimeshiftListing {
-            entries: (0..n as u64)
-                .map(|i| Entry {
-                    sequence: i,
-                    duration: CLOCK / 25,
-                    discontinuity: false,
-                    wall_ms: Some(1_700_000_000_000 + i as i64 * 40),
-                })
-                .collect(),
-            target: 4,
-            gone: 0,
-            complete: None,
-        };
         // Past the inline size (written on the blocking pool), far under the refusal's.
         let query = format!("t={}", "x".repeat(100));
-        let places = Arc::new(tokio::sync::Semaphore::new(kept::BLOCKING_WRITES));
-        let taken = places
-            .clone()
+        // Shared state of its own: other tests write timeshift playlists at the same time.
+        let shared = Arc::new(kept::Shared::default());
+        let taken = shared
+            .places()
             .acquire_many_owned(kept::BLOCKING_WRITES as u32)
             .await
             .unwrap();
-        // A count of its own: other tests write timeshift playlists at the same time.
-        static WAITS: AtomicUsize = AtomicUsize::new(0);
         let wait = Duration::from_secs(30);
         let waiters: Vec<_> = (0..TIMESHIFT_WAITING)
             .map(|_| {
-                let (entries, query, places) = (
-                    listing(timeshift::MAX_SEGMENTS),
+                let (entries, query, shared) = (
+                    timeshift_listing(timeshift::MAX_SEGMENTS),
                     query.clone(),
-                    places.clone(),
+                    shared.clone(),
                 );
-                tokio::spawn(async move {
-                    write_timeshift_counted(entries, &query, &places, wait, &WAITS).await
-                })
+                tokio::spawn(async move { write_timeshift(entries, &query, &shared, wait).await })
             })
             .collect();
         // Every one of them comes to wait for a place.
         tokio::time::timeout(Duration::from_secs(10), async {
-            while WAITS.load(Ordering::Acquire) < TIMESHIFT_WAITING {
+            while shared.timeshift_waiting.load(Ordering::Acquire) < TIMESHIFT_WAITING {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
@@ -2227,12 +2215,11 @@ mod tests {
         // One more is refused at once, without waiting.
         let more = tokio::time::timeout(
             Duration::from_secs(5),
-            write_timeshift_counted(
-                listing(timeshift::MAX_SEGMENTS),
+            write_timeshift(
+                timeshift_listing(timeshift::MAX_SEGMENTS),
                 &query,
-                &places,
+                &shared,
                 wait,
-                &WAITS,
             ),
         )
         .await
@@ -2243,7 +2230,7 @@ mod tests {
         for waiter in waiters {
             assert!(waiter.await.unwrap().is_ok());
         }
-        assert_eq!(WAITS.load(Ordering::Acquire), 0);
+        assert_eq!(shared.timeshift_waiting.load(Ordering::Acquire), 0);
     }
 
     /// Viewers of one version of a timeshift window (one after another or together) share one

@@ -1,7 +1,8 @@
 //! What every channel's playlists share: the bound on what they keep ([`MAX_KEPT_TOTAL`],
-//! playlists at most half of it) and the places for large writes ([`BLOCKING_WRITES`]).
+//! playlists at most half of it), the places for large writes ([`BLOCKING_WRITES`]) and the
+//! count of timeshift writes waiting for one.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
@@ -25,6 +26,8 @@ pub(super) struct Shared {
     playlists: AtomicU64,
     /// The places for large writes ([`BLOCKING_WRITES`]).
     pub(super) blocking: Arc<Semaphore>,
+    /// Timeshift playlist writes waiting for one of those places now (bounded by the writer).
+    pub(super) timeshift_waiting: AtomicUsize,
     /// Large writes: running now, the most at once, and all so far.
     #[cfg(test)]
     pub(super) running: AtomicU64,
@@ -57,6 +60,7 @@ impl Shared {
             used: AtomicU64::new(0),
             playlists: AtomicU64::new(0),
             blocking: Arc::new(Semaphore::new(BLOCKING_WRITES)),
+            timeshift_waiting: AtomicUsize::new(0),
             #[cfg(test)]
             running: AtomicU64::new(0),
             #[cfg(test)]
