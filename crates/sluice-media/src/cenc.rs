@@ -17,10 +17,11 @@ pub use segment::{decrypt_segment, decrypt_segment_into};
 use crate::keys::{to_hex, Kid};
 use crate::mp4::{fourcc_str, FourCC, Mp4Error, Trex};
 
-/// Most `trak` (and `trex`) boxes an init segment may hold, and most `traf` boxes in one `moof`.
-/// Real inits carry a handful of tracks; the cap keeps the per-track lookups (a `trex` per
-/// `trak`, a track per `traf`, distinct KIDs) from growing with the square of a hostile init of
-/// thousands of tiny boxes, which is rewritten on the runtime on every request.
+/// Most `trak` (and `trex`) boxes an init segment may hold, most sample entries in one `stsd`,
+/// and most `traf` boxes in one `moof`. Real inits carry a handful of tracks; the cap keeps the
+/// per-track lookups (a `trex` per `trak`, a track per `traf`, distinct KIDs) from growing with
+/// the square of a hostile init of thousands of tiny boxes, which is rewritten on the runtime on
+/// every request.
 pub const MAX_TRACKS: usize = 64;
 
 /// Protection scheme from `schm`.
@@ -70,7 +71,15 @@ pub struct TrackInfo {
     pub track_id: u32,
     /// `hdlr` type: `vide`, `soun`, ...
     pub handler: FourCC,
+    /// The first protected sample entry's: the protection every fragment is decrypted with.
     pub protection: Option<Protection>,
+    /// Each `stsd` entry in order (`tfhd.sample_description_index` 1 is the first): its
+    /// protection, `None` for a clear entry (Shaka Packager's clear lead points at one).
+    pub entries: Vec<Option<Protection>>,
+    /// The init's own `seig` sample group description (version 2) names a default entry that
+    /// differs from the `tenc`: samples no fragment maps elsewhere are clear or under another
+    /// key, so they cannot be decrypted with the track's defaults.
+    pub seig_default_differs: bool,
     /// Fragment defaults from `mvex/trex`, used where `tfhd` and `trun` are silent.
     pub trex: Option<Trex>,
 }
@@ -158,6 +167,17 @@ pub enum CencError {
         "track {track_id}: 'seig' sample groups (clear lead or key rotation) are not supported"
     )]
     KeyGroups { track_id: u32 },
+    /// `tfhd.sample_description_index` (or the `trex` default) names no entry of the `stsd`.
+    #[error("track {track_id}: sample description {index} is not one of the init's {entries}")]
+    NoSampleDescription {
+        track_id: u32,
+        index: u32,
+        entries: u32,
+    },
+    /// A fragment uses a protected sample entry other than the track's first protected one, with
+    /// another scheme, key or IV.
+    #[error("track {track_id}: sample description {index} is protected unlike the track's first")]
+    OtherProtection { track_id: u32, index: u32 },
     /// A box that decryption removes or shrinks (`pssh`, `moov`, another `moof`) between a
     /// `moof` and its `mdat`: the samples would move by bytes their offsets do not count.
     #[error("a '{kind}' box between a 'moof' and its 'mdat' would move the samples")]

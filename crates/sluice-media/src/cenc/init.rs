@@ -1,7 +1,7 @@
 //! Init segment rewriting: `pssh` and `sinf` dropped, `encv`/`enca` renamed to the original format,
 //! and each track's protection recorded. No I/O.
 
-use super::{CencError, InitInfo, Pattern, Protection, Scheme, TrackInfo, MAX_TRACKS};
+use super::{segment, CencError, InitInfo, Pattern, Protection, Scheme, TrackInfo, MAX_TRACKS};
 use crate::mp4::{
     boxes, find, rebuild, Boxes, Edit, FourCC, Frma, Hdlr, Mp4Box, SampleEntry, Schm, Stsd, Tenc,
     Tkhd, Trex,
@@ -60,21 +60,62 @@ fn read_track(trak: &Mp4Box<'_>) -> Result<TrackInfo, CencError> {
     let track_id = Tkhd::parse(&tkhd)?.track_id;
     let handler = trak_handler(trak)?;
     let mut protection = None;
-    if let Some(stsd) = descend(trak, &[b"mdia", b"minf", b"stbl", b"stsd"])? {
-        for entry in Stsd::parse(&stsd)?.entries {
-            let entry = SampleEntry::parse(&entry?, handler)?;
-            if let Some(sinf) = find(entry.children(), b"sinf")? {
-                protection = Some(read_sinf(track_id, &entry, &sinf)?);
-                break;
+    // Every entry, clear ones included: Shaka Packager's clear lead adds a clear entry after the
+    // protected one and points its clear fragments at it.
+    let mut entries = Vec::new();
+    let mut seig_default_differs = false;
+    if let Some(stbl) = descend(trak, &[b"mdia", b"minf", b"stbl"])? {
+        if let Some(stsd) = stbl.child(b"stsd")? {
+            for entry in Stsd::parse(&stsd)?.entries {
+                check_count(entries.len(), "stsd entry")?;
+                let entry = SampleEntry::parse(&entry?, handler)?;
+                let entry_protection = match find(entry.children(), b"sinf")? {
+                    Some(sinf) => Some(read_sinf(track_id, &entry, &sinf)?),
+                    None => None,
+                };
+                protection = protection.or(entry_protection);
+                entries.push(entry_protection);
             }
+        }
+        if protection.is_some() {
+            seig_default_differs = init_seig_default_differs(&stbl, protection.as_ref())?;
         }
     }
     Ok(TrackInfo {
         track_id,
         handler,
         protection,
+        entries,
+        seig_default_differs,
         trex: None,
     })
+}
+
+/// Whether a `seig` sample group description of the init's `stbl` names (version 2) a default
+/// entry for the track's samples that differs from the `tenc`: clear (a clear lead signalled by
+/// groups), another KID, IV or pattern. Samples of fragments that no `sbgp` maps elsewhere would
+/// take it, and decrypting them with the `tenc` would pass garbage on.
+fn init_seig_default_differs(
+    stbl: &Mp4Box<'_>,
+    protection: Option<&Protection>,
+) -> Result<bool, CencError> {
+    for b in stbl.children() {
+        let b = b?;
+        if b.kind != *b"sgpd" || !segment::is_seig(&b) {
+            continue;
+        }
+        let (entries, default_index) = segment::seig_entries(&b, protection)?;
+        // The init's descriptions are numbered from 1, unlike a fragment's (from 0x10001).
+        let repeats_tenc = default_index
+            .checked_sub(1)
+            .and_then(|i| entries.get(i as usize))
+            .copied()
+            .unwrap_or(false);
+        if default_index != 0 && !repeats_tenc {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn read_sinf(

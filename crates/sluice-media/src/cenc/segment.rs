@@ -272,7 +272,15 @@ fn plan_traf<'a>(
     let tfhd = traf.child(b"tfhd")?.ok_or(CencError::MissingBox("tfhd"))?;
     let tfhd = Tfhd::parse(&tfhd)?;
     let track = tracks.iter().position(|t| t.info.track_id == tfhd.track_id);
-    let protection = track.and_then(|i| tracks[i].info.protection.as_ref());
+    // A fragment pointing at a clear sample entry (a clear lead) is left as it is: its samples
+    // are clear whatever the track's `tenc` says.
+    let mut crypto_track = track;
+    if let Some(i) = track {
+        if !uses_protected_entry(&tfhd, tracks[i].info)? {
+            crypto_track = None;
+        }
+    }
+    let protection = crypto_track.and_then(|i| tracks[i].info.protection.as_ref());
     refuse_key_groups(traf, protection, tfhd.track_id)?;
     let (base, fix) = match tfhd.base_data_offset {
         Some(base) => (to_usize(base, tfhd.track_id)?, TrafFix::Absolute),
@@ -284,7 +292,7 @@ fn plan_traf<'a>(
         .default_sample_size
         .or(trex.map(|t| t.default_sample_size))
         .unwrap_or(0) as usize;
-    let mut samples = SampleSource::new(traf, track, tracks, tfhd.track_id)?;
+    let mut samples = SampleSource::new(traf, crypto_track, tracks, tfhd.track_id)?;
     let mut cursor = base;
     for trun in traf.children() {
         let trun = trun?;
@@ -332,6 +340,42 @@ fn plan_traf<'a>(
         }
     }
     Ok((fix, cursor))
+}
+
+/// Whether a `traf` of a protected track uses a protected sample entry, named by
+/// `tfhd.sample_description_index`, else by the `trex` default. Shaka Packager's clear lead
+/// points at a clear entry (its second): those samples pass through, and the rewritten init
+/// keeps every entry, so the index stays valid. An index naming no entry, a protected entry
+/// unlike the track's first (which [`resolve_tracks`] took the key for), or an init whose
+/// `seig` default differs from the `tenc` is refused rather than guessed at.
+fn uses_protected_entry(tfhd: &Tfhd, track: &TrackInfo) -> Result<bool, CencError> {
+    let Some(first) = &track.protection else {
+        // A clear track: nothing is decrypted, whatever the index.
+        return Ok(false);
+    };
+    let index = tfhd
+        .sample_description_index
+        .or(track.trex.map(|t| t.default_sample_description_index))
+        .unwrap_or(1);
+    let entry = index
+        .checked_sub(1)
+        .and_then(|i| track.entries.get(i as usize))
+        .ok_or(CencError::NoSampleDescription {
+            track_id: track.track_id,
+            index,
+            entries: track.entries.len() as u32,
+        })?;
+    match entry {
+        None => Ok(false),
+        Some(p) if p != first => Err(CencError::OtherProtection {
+            track_id: track.track_id,
+            index,
+        }),
+        Some(_) if track.seig_default_differs => Err(CencError::KeyGroups {
+            track_id: track.track_id,
+        }),
+        Some(_) => Ok(true),
+    }
 }
 
 /// How many encrypted samples [`decrypt_segment`] would decrypt, or why it refuses the segment
@@ -412,13 +456,13 @@ fn maps_to_tenc(local: &[bool], index: u32) -> bool {
 }
 
 /// Both `sgpd` and `sbgp` start with a version, flags and the grouping type.
-fn is_seig(b: &Mp4Box<'_>) -> bool {
+pub(super) fn is_seig(b: &Mp4Box<'_>) -> bool {
     b.payload().get(4..8) == Some(&b"seig"[..])
 }
 
 /// Reads a `seig` `sgpd` (ISO/IEC 23001-7 `CencSampleEncryptionInformationGroupEntry`s): for
 /// each entry, whether it repeats the track's `tenc`; and the version 2 default index.
-fn seig_entries(
+pub(super) fn seig_entries(
     sgpd: &Mp4Box<'_>,
     protection: Option<&Protection>,
 ) -> Result<(Vec<bool>, u32), CencError> {

@@ -150,6 +150,14 @@ struct Track {
     /// When set, `tfhd` carries an absolute `base_data_offset`, the fragment being placed this
     /// many bytes into the segment.
     absolute_at: Option<usize>,
+    /// Sample entries written after the track's own in `stsd`, as they are in both builds.
+    more_entries: Vec<Vec<u8>>,
+    /// Boxes written after `stsd` in `stbl`, in both builds.
+    stbl_extra: Vec<u8>,
+    /// `trex.default_sample_description_index` (1 when unset).
+    trex_index: Option<u32>,
+    /// Written as `tfhd.sample_description_index` when set.
+    description_index: Option<u32>,
 }
 
 fn track(id: u32, video: bool, scheme: Option<Scheme>, iv_size: u8) -> Track {
@@ -164,6 +172,10 @@ fn track(id: u32, video: bool, scheme: Option<Scheme>, iv_size: u8) -> Track {
         key: [0x40 + id as u8; 16],
         default_size: None,
         absolute_at: None,
+        more_entries: Vec::new(),
+        stbl_extra: Vec::new(),
+        trex_index: None,
+        description_index: None,
     }
 }
 
@@ -216,8 +228,13 @@ fn init(tracks: &[Track], encrypted: bool) -> Vec<u8> {
         let tkhd = full(b"tkhd", 0, 7, &[&be32(0), &be32(0), &be32(t.id), &[0; 68]]);
         let handler = if t.video { b"vide" } else { b"soun" };
         let hdlr = full(b"hdlr", 0, 0, &[&be32(0), handler, &[0; 13]]);
-        let stsd = full(b"stsd", 0, 0, &[&be32(1), &sample_entry(t, encrypted)]);
-        let stbl = bx(b"stbl", &[&stsd]);
+        let mut entries = sample_entry(t, encrypted);
+        t.more_entries
+            .iter()
+            .for_each(|e| entries.extend_from_slice(e));
+        let count = be32(1 + t.more_entries.len() as u32);
+        let stsd = full(b"stsd", 0, 0, &[&count, &entries]);
+        let stbl = bx(b"stbl", &[&stsd, &t.stbl_extra]);
         let minf = bx(b"minf", &[&bx(b"vmhd", &[]), &stbl]);
         let mdia = bx(b"mdia", &[&hdlr, &minf]);
         moov.push(bx(b"trak", &[&tkhd, &mdia]));
@@ -230,7 +247,13 @@ fn init(tracks: &[Track], encrypted: bool) -> Vec<u8> {
                 b"trex",
                 0,
                 0,
-                &[&be32(t.id), &be32(1), &be32(1000), &be32(size), &be32(0)],
+                &[
+                    &be32(t.id),
+                    &be32(t.trex_index.unwrap_or(1)),
+                    &be32(1000),
+                    &be32(size),
+                    &be32(0),
+                ],
             )
         })
         .collect();
@@ -294,9 +317,17 @@ fn traf(
     encrypted: bool,
     extra: &[u8],
 ) -> Vec<u8> {
+    let index = t.description_index.map(be32);
+    let index_flag = if index.is_some() { 0x02 } else { 0 };
+    let index: &[u8] = index.as_ref().map_or(&[], |i| &i[..]);
     let tfhd = match base {
-        Some(base) => full(b"tfhd", 0, 0x01, &[&be32(t.id), &base.to_be_bytes()]),
-        None => full(b"tfhd", 0, 0x02_0000, &[&be32(t.id)]),
+        Some(base) => full(
+            b"tfhd",
+            0,
+            0x01 | index_flag,
+            &[&be32(t.id), &base.to_be_bytes(), index],
+        ),
+        None => full(b"tfhd", 0, 0x02_0000 | index_flag, &[&be32(t.id), index]),
     };
     let tfdt = full(b"tfdt", 1, 0, &[&0u64.to_be_bytes()]);
     let with_sizes = t.default_size.is_none();
@@ -1019,6 +1050,186 @@ fn seig_sample_groups_are_refused() {
             decrypt_segment(&frag(true, &huge), &info, &keys),
             Err(CencError::Mp4(Mp4Error::CountOverflow { .. }))
         ));
+    }
+}
+
+/// A Shaka Packager track with its default clear lead: the protected entry, then a clear one
+/// (index 2) that the clear fragments name.
+fn shaka_clear_lead(mut t: Track) -> Track {
+    let clear = sample_entry(&t, false);
+    t.more_entries = vec![clear];
+    t
+}
+
+/// Three samples of `t` in one fragment, encrypted when `encrypted`, naming sample entry `index`
+/// in `tfhd` (none when `None`: the `trex` default applies).
+fn indexed_fragment(t: &Track, index: Option<u32>, seq: u32, encrypted: bool) -> Vec<u8> {
+    let mut t = t.clone();
+    t.description_index = index;
+    let samples = (0..3).map(|i| sample(400, seq * 10 + i, &t, &[])).collect();
+    fragment(&[(&t, samples)], seq, encrypted)
+}
+
+#[test]
+fn shaka_clear_lead_passes_through_and_the_rest_decrypts() {
+    // The clear lead's fragments name the clear entry through `tfhd` (Shaka) or the `trex`
+    // default, and carry no `senc`. The track's `tenc` was applied to them: `cbcs` with a
+    // constant IV "decrypted" them into garbage, `cenc` refused them for want of IVs.
+    for base in seig_tracks() {
+        for via_trex in [false, true] {
+            let mut t = shaka_clear_lead(base.clone());
+            // Through `trex`, the encrypted fragments name their entry in `tfhd`.
+            let (lead_index, protected_index) = match via_trex {
+                false => (Some(2), None),
+                true => {
+                    t.trex_index = Some(2);
+                    (None, Some(1))
+                }
+            };
+            let (clear_init, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+            // The rewritten init keeps both entries, both clear now: index 2 still names one.
+            assert_eq!(clear_init, init(std::slice::from_ref(&t), false));
+            let track = info.track(1).unwrap();
+            assert_eq!(track.entries, vec![track.protection, None]);
+            let keys = keys_for(&[&t]);
+            let lead = indexed_fragment(&t, lead_index, 1, false);
+            let seg = |encrypted| {
+                segment(&[
+                    lead.clone(),
+                    indexed_fragment(&t, protected_index, 2, encrypted),
+                ])
+            };
+            let out = decrypt_segment(&seg(true), &info, &keys).unwrap();
+            assert!(out == seg(false), "{} via trex {via_trex}", t.iv_size);
+            // The lead is where it was, byte for byte (only the `sidx` before it shrank).
+            let at = seg(true).windows(lead.len()).position(|w| w == lead);
+            assert_eq!(at, seg(false).windows(lead.len()).position(|w| w == lead));
+            let at = at.unwrap();
+            assert!(out[at..at + lead.len()] == lead[..]);
+            // A clear lead alone needs no key at all.
+            let alone = segment(std::slice::from_ref(&lead));
+            assert!(decrypt_segment(&alone, &info, &KeyRing::new()).unwrap() == alone);
+        }
+    }
+}
+
+#[test]
+fn a_fragment_naming_no_sample_entry_is_refused() {
+    for base in seig_tracks() {
+        for (t, entries) in [(base.clone(), 1), (shaka_clear_lead(base), 2)] {
+            let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+            let keys = keys_for(&[&t]);
+            for index in [0, entries + 1, u32::MAX] {
+                let seg = segment(&[indexed_fragment(&t, Some(index), 1, true)]);
+                assert_eq!(
+                    decrypt_segment(&seg, &info, &keys),
+                    Err(CencError::NoSampleDescription {
+                        track_id: 1,
+                        index,
+                        entries,
+                    })
+                );
+            }
+            // The same through a `trex` default naming no entry.
+            let mut t = t.clone();
+            t.trex_index = Some(0);
+            let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+            let seg = segment(&[indexed_fragment(&t, None, 1, true)]);
+            assert!(matches!(
+                decrypt_segment(&seg, &info, &keys),
+                Err(CencError::NoSampleDescription { index: 0, .. })
+            ));
+        }
+    }
+}
+
+#[test]
+fn a_fragment_naming_another_protected_entry_is_refused() {
+    // Two protected entries, the second under another KID: its key was never looked up.
+    for mut t in seig_tracks() {
+        let mut other = t.clone();
+        other.kid = [0x77; 16];
+        t.more_entries = vec![sample_entry(&other, true)];
+        let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+        let keys = keys_for(&[&t, &other]);
+        let seg = segment(&[indexed_fragment(&t, Some(2), 1, true)]);
+        assert_eq!(
+            decrypt_segment(&seg, &info, &keys),
+            Err(CencError::OtherProtection {
+                track_id: 1,
+                index: 2
+            })
+        );
+        // Its first entry still decrypts.
+        let seg = |encrypted| segment(&[indexed_fragment(&t, Some(1), 1, encrypted)]);
+        assert!(decrypt_segment(&seg(true), &info, &keys).unwrap() == seg(false));
+    }
+}
+
+/// A version 2 `seig` `sgpd` for the init's `stbl`, its entries numbered from 1, naming
+/// `default_index` for the samples no `sbgp` maps.
+fn init_seig_default(entries: &[Vec<u8>], default_index: u32) -> Vec<u8> {
+    let mut body = be32(entries.len() as u32).to_vec();
+    for e in entries {
+        body.extend_from_slice(&be32(e.len() as u32));
+        body.extend_from_slice(e);
+    }
+    full(
+        b"sgpd",
+        2,
+        0,
+        &[b"seig", &be32(0), &be32(default_index), &body],
+    )
+}
+
+#[test]
+fn an_init_seig_default_unlike_the_tenc_is_refused() {
+    // An init whose `seig` description makes a clear (or other-key) entry the default for every
+    // sample: the track's `tenc` was applied anyway, `cbcs` clear samples turned into garbage.
+    for base in seig_tracks() {
+        let clear = seig_entry(Pattern::NONE, false, 0, [0; 16], &[]);
+        let rotated = seig_entry(base.pattern, true, base.iv_size, [0x99; 16], &[7; 16]);
+        let tenc = tenc_entry(&base);
+        let with = |stbl_extra: Vec<u8>| {
+            let mut t = base.clone();
+            t.stbl_extra = stbl_extra;
+            let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+            (t, info)
+        };
+        for (groups, encrypted) in [
+            (init_seig_default(std::slice::from_ref(&clear), 1), false),
+            (init_seig_default(&[tenc.clone(), clear.clone()], 2), false),
+            (init_seig_default(std::slice::from_ref(&rotated), 1), true),
+            // A default past the entries.
+            (init_seig_default(std::slice::from_ref(&tenc), 2), true),
+        ] {
+            let (t, info) = with(groups);
+            assert!(info.track(1).unwrap().seig_default_differs);
+            let seg = segment(&[indexed_fragment(&t, None, 1, encrypted)]);
+            assert_eq!(
+                decrypt_segment(&seg, &info, &keys_for(&[&t])),
+                Err(CencError::KeyGroups { track_id: 1 }),
+                "{} encrypted {encrypted}",
+                t.iv_size
+            );
+        }
+        // A default repeating the `tenc`, or none, decrypts as before.
+        for groups in [
+            init_seig_default(&[clear.clone(), tenc.clone()], 2),
+            init_seig_default(&[clear.clone(), tenc.clone()], 0),
+        ] {
+            let (t, info) = with(groups);
+            assert!(!info.track(1).unwrap().seig_default_differs);
+            let seg = |encrypted| segment(&[indexed_fragment(&t, None, 1, encrypted)]);
+            let out = decrypt_segment(&seg(true), &info, &keys_for(&[&t]));
+            assert!(out.unwrap() == seg(false));
+        }
+        // A clear lead's fragments stay untouched whatever the default: nothing is decrypted.
+        let t = shaka_clear_lead(with(init_seig_default(std::slice::from_ref(&clear), 1)).0);
+        let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+        assert!(info.track(1).unwrap().seig_default_differs);
+        let lead = segment(&[indexed_fragment(&t, Some(2), 1, false)]);
+        assert!(decrypt_segment(&lead, &info, &keys_for(&[&t])).unwrap() == lead);
     }
 }
 
