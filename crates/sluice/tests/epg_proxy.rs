@@ -1,7 +1,7 @@
 //! `/proxy/epg` against a local guide source: the guide's bytes, `X-EPG-Cache` MISS then HIT,
 //! `cache_ttl`, one cache entry per set of `h_*` headers, gzip sources and gzip answers,
 //! conditional GETs, concurrent misses sharing one fetch, slow readers of a large guide, the
-//! memory fetches in flight share, and the errors.
+//! memory fetches in flight share and each client's share of it, and the errors.
 
 mod counting_alloc;
 mod guide_readers;
@@ -232,13 +232,14 @@ async fn errors_are_clear_and_not_cached() {
 #[tokio::test]
 async fn guide_fetches_in_flight_share_a_memory_budget() {
     let src = source().await;
-    let mut config = test_config();
-    config.auth.api_password = "pw".into();
-    config.media.epg.max_bytes = HOLD;
-    let s = Sluice::start(config).await;
-    // Four bodies of `max_bytes` arrive all but their last bytes, and wait there.
+    let s = sluice_behind_a_proxy(HOLD).await;
+    // Four clients' bodies of `max_bytes` (each its client's whole share) arrive all but their
+    // last bytes, and wait there.
     let held: Vec<_> = (0..4)
-        .map(|i| tokio::spawn(get_owned(epg(&s, &src, &format!("/hold.xml?n={i}"), ""))))
+        .map(|i| {
+            let url = epg(&s, &src, &format!("/hold.xml?n={i}"), "");
+            tokio::spawn(get_as(url, format!("10.0.0.{}", i + 1)))
+        })
         .collect();
     for _ in 0..100 {
         if src.hits.load(Ordering::SeqCst) == 4 {
@@ -274,8 +275,107 @@ async fn guide_fetches_in_flight_share_a_memory_budget() {
     assert_eq!(r.body.unwrap(), Bytes::from(XMLTV));
 }
 
-async fn get_owned(url: String) -> Reply {
-    get(&url).await
+async fn get_as(url: String, client: String) -> Reply {
+    request("GET", &url, &[("x-forwarded-for", client.as_str())]).await
+}
+
+/// A sluice whose guides are at most `max_bytes`, behind a front proxy on this host that says
+/// who each client is (`X-Forwarded-For`).
+async fn sluice_behind_a_proxy(max_bytes: usize) -> Sluice {
+    let mut config = test_config();
+    config.auth.api_password = "pw".into();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    config.media.epg.max_bytes = max_bytes;
+    Sluice::start(config).await
+}
+
+/// Opens a `/proxy/epg` request for `/hold.xml` as `client` and leaves it waiting for the
+/// guide's last bytes; the connection is returned, to be dropped.
+async fn hold_as(s: &Sluice, src: &Source, n: usize, client: &str) -> TcpStream {
+    let url = epg(s, src, &format!("/hold.xml?n={n}"), "");
+    let target = url.strip_prefix(&format!("http://{}", s.addr)).unwrap();
+    let mut tcp = TcpStream::connect(s.addr).await.unwrap();
+    tcp.write_all(
+        format!("GET {target} HTTP/1.1\r\nHost: sluice.test\r\nX-Forwarded-For: {client}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    tcp
+}
+
+/// Waits (by polls, at most 5 s) until the source has been asked `n` times in all.
+async fn wait_for_hits(src: &Source, n: usize) {
+    for _ in 0..250 {
+        if src.hits.load(Ordering::SeqCst) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(src.hits.load(Ordering::SeqCst), n);
+}
+
+/// Asks `url` as `client` until the answer has `status` (at most 50 times, 100 ms apart): a held
+/// body is charged once its bytes arrive, and given back once its request is gone.
+async fn until_status(url: &str, client: &str, status: u16) -> Reply {
+    let mut r = request("GET", url, &[("x-forwarded-for", client)]).await;
+    for _ in 0..50 {
+        if r.status == status {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        r = request("GET", url, &[("x-forwarded-for", client)]).await;
+    }
+    r
+}
+
+/// One client (an IPv6 one by its /64) holds at most a quarter of what guide fetches share, one
+/// guide of `max_bytes`: before, one client's four slow fetches of large guides (each its own URL,
+/// each answered all but its last bytes) held the whole budget and every other user's guide was
+/// refused until they ended. Past its share the client gets the budget's own 503 (booked to it,
+/// `side: downstream`), another client is served, and once the client's held request is gone
+/// (it disconnected mid-body) its share is back.
+#[tokio::test]
+async fn a_client_holds_at_most_its_share_of_the_guide_fetches() {
+    let src = source().await;
+    let s = sluice_behind_a_proxy(HOLD).await;
+    let a = "2001:db8::1";
+    // `a` holds a body of `max_bytes`: its whole share, a quarter of the budget.
+    let holding = hold_as(&s, &src, 0, a).await;
+    wait_for_hits(&src, 1).await;
+    // Past its share, from any address of its /64: refused as when the budget is full, with no
+    // fetch past its first KiB (the small guide fetches every time, never kept).
+    let small = epg(&s, &src, "/guide.xml", "&cache_ttl=0");
+    let r = until_status(&small, "2001:db8::2", 503).await;
+    assert_eq!(r.status, 503, "a client past its share was served");
+    assert_eq!(r.headers["retry-after"], "1");
+    let v: serde_json::Value = serde_json::from_slice(&r.body.unwrap()).unwrap();
+    assert_eq!(v["kind"], "epg_busy", "{v}");
+    assert_eq!(
+        v["error"],
+        "the guides being fetched now hold all the memory set aside for them \
+         (4 × media.epg.max_bytes); try again shortly"
+    );
+    assert_eq!(v["side"], "downstream", "{v}");
+    // Another client (another /64, an IPv4 address) is served.
+    let r = request("GET", &small, &[("x-forwarded-for", "2001:db8:0:1::1")]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), Bytes::from(XMLTV));
+    let r = request("GET", &small, &[("x-forwarded-for", "192.0.2.7")]).await;
+    assert_eq!(r.status, 200);
+    // `a` leaves mid-body: its fetch ends with it and its share is back (the source still holds
+    // the guide's last bytes: nothing else gives it back).
+    drop(holding);
+    let r = until_status(&small, a, 200).await;
+    assert_eq!(
+        r.status, 200,
+        "the share of a client that left was not given back"
+    );
+    assert_eq!(r.body.unwrap(), Bytes::from(XMLTV));
+    // It may hold a whole guide again.
+    let _again = hold_as(&s, &src, 1, a).await;
+    let r = until_status(&small, "2001:db8::3", 503).await;
+    assert_eq!(r.status, 503);
 }
 
 /// Clients that take no gzip and read slowly hold no copy of the guide each. Before, every such

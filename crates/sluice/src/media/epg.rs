@@ -4,10 +4,12 @@
 //!
 //! Guides are keyed by the URL and the headers the fetch sends (every `h_*`, the last of a
 //! repeated one), so one caller's credentials never serve another's guide. Concurrent misses of
-//! one key share one fetch; the bodies of all fetches share [`FETCH_GUIDES`] × `max_bytes`. The
-//! cache is bounded in entries and in compressed bytes; the oldest fetch goes first.
+//! one key share one fetch; the bodies of all fetches share [`FETCH_GUIDES`] × `max_bytes`, of
+//! which one client holds at most [`CLIENT_GUIDES`]. The cache is bounded in entries and in
+//! compressed bytes; the oldest fetch goes first.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -23,6 +25,7 @@ use tokio::time::Instant;
 use super::keyed::Keyed;
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
+use crate::net::per_ip::network_of;
 use crate::request::RequestContext;
 use crate::upstream::{Upstream, UpstreamRequest};
 
@@ -34,6 +37,13 @@ const MAX_REQUEST_TTL: u64 = 7 * 24 * 3600;
 /// it waited for a place to be checked. (The XML being checked is bounded by the document lane's
 /// places, `media::cpu`.)
 const FETCH_GUIDES: usize = 4;
+
+/// Of those, what one client's fetches may hold together (a quarter of the budget; its address as
+/// `auth.trusted_proxies` make it out, an IPv6 one by its /64, as every per-address share counts
+/// it): one largest guide, or smaller ones beside each other. Without it, one client's four
+/// slow fetches of large guides held the whole budget, and every other user's guide was refused
+/// until they ended.
+const CLIENT_GUIDES: usize = 1;
 
 /// `[media.epg]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -93,8 +103,9 @@ pub struct EpgProxy {
     entries: Mutex<HashMap<[u8; 32], Entry>>,
     /// One lock per key being fetched, so concurrent misses share one fetch.
     fetching: Keyed<[u8; 32]>,
-    /// KiB the fetches in flight may hold together ([`FETCH_GUIDES`] × `max_bytes`).
-    fetch_kib: Arc<Semaphore>,
+    /// What the fetches in flight may hold together ([`FETCH_GUIDES`] × `max_bytes`), and each
+    /// client.
+    budget: Arc<FetchBudget>,
 }
 
 impl EpgProxy {
@@ -104,13 +115,7 @@ impl EpgProxy {
             config: config.clone(),
             entries: Mutex::new(HashMap::new()),
             fetching: Keyed::new(),
-            fetch_kib: Arc::new(Semaphore::new(
-                config
-                    .max_bytes
-                    .saturating_mul(FETCH_GUIDES)
-                    .div_ceil(1024)
-                    .min(Semaphore::MAX_PERMITS),
-            )),
+            budget: FetchBudget::for_guides(config.max_bytes),
         }
     }
 
@@ -152,7 +157,7 @@ impl EpgProxy {
                 match self.fresh(&key, ttl) {
                     Some((g, lm)) => (g, lm, true),
                     None => {
-                        let outcome = self.fetch(request).await;
+                        let outcome = self.fetch(request, ctx.client_ip).await;
                         let guide = Arc::new(outcome?);
                         let lm = SystemTime::now();
                         if ttl > 0 {
@@ -204,7 +209,12 @@ impl EpgProxy {
         );
     }
 
-    async fn fetch(&self, request: UpstreamRequest) -> Result<Prepared, ProxyError> {
+    /// Fetches and checks a guide for `client`, whose share of the budget its body is charged to.
+    async fn fetch(
+        &self,
+        request: UpstreamRequest,
+        client: IpAddr,
+    ) -> Result<Prepared, ProxyError> {
         let secs = self.config.fetch_timeout_secs;
         let max = self.config.max_bytes;
         let host = request.url.host_str().unwrap_or("").to_string();
@@ -213,9 +223,10 @@ impl EpgProxy {
             e.upstream = Some(host.clone());
             e
         };
-        // The body, charged before its buffer grows and given back once it is checked (or the
-        // fetch fails): what the cache keeps is bounded by `cache_bytes`.
-        let mut held = FetchCharge::new(&self.fetch_kib);
+        // The body, charged to the client before its buffer grows and given back once it is
+        // checked (or the fetch fails, or the client leaves): what the cache keeps is bounded by
+        // `cache_bytes`.
+        let mut held = FetchCharge::new(&self.budget, client);
         let fetch = async {
             let resp = self
                 .upstream
@@ -249,8 +260,12 @@ impl EpgProxy {
                 )
             })??;
         // Decompressing and hashing tens of MB is CPU work; keep it off the threads that move video.
-        let prepared = crate::media::cpu::run(crate::media::cpu::Lane::Document, move || {
-            xmltv::prepare(raw, max)
+        // The charge goes with the body into the job: a client that leaves while it runs gives
+        // back nothing before the body is freed.
+        crate::media::cpu::run(crate::media::cpu::Lane::Document, move || {
+            let prepared = xmltv::prepare(raw, max);
+            drop(held);
+            prepared
         })
         .await
         .map_err(|e| {
@@ -268,54 +283,116 @@ impl EpgProxy {
                 }
             };
             upstream_err(status, "epg_content", format!("EPG: {e}"))
-        });
-        drop(held);
-        prepared
+        })
     }
 }
 
-/// What one fetch holds of [`EpgProxy::fetch_kib`], grown as it needs more; given back when
-/// dropped.
+/// The memory guide fetches share, in KiB, and what each client's fetches hold of it.
+struct FetchBudget {
+    kib: Arc<Semaphore>,
+    /// KiB each client's fetches hold now, by [`network_of`] its address; a client leaves at zero.
+    clients: Mutex<HashMap<IpAddr, usize>>,
+    /// KiB one client's fetches may hold together.
+    share: usize,
+}
+
+impl FetchBudget {
+    /// [`FETCH_GUIDES`] guides of `max_bytes`, [`CLIENT_GUIDES`] a client's share (each rounded
+    /// up as a charge is, so a guide of `max_bytes` fits in a share).
+    fn for_guides(max_bytes: usize) -> Arc<FetchBudget> {
+        let kib = |guides: usize| {
+            max_bytes
+                .saturating_mul(guides)
+                .div_ceil(1024)
+                .min(Semaphore::MAX_PERMITS)
+        };
+        Arc::new(FetchBudget {
+            kib: Arc::new(Semaphore::new(kib(FETCH_GUIDES))),
+            clients: Mutex::new(HashMap::new()),
+            share: kib(CLIENT_GUIDES),
+        })
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `kib` a client's fetch gave back.
+    fn give_back(&self, client: IpAddr, kib: usize) {
+        let mut clients = self.clients();
+        if let Some(held) = clients.get_mut(&client) {
+            *held = held.saturating_sub(kib);
+            if *held == 0 {
+                clients.remove(&client);
+            }
+        }
+    }
+}
+
+/// What one fetch holds of [`EpgProxy::budget`], grown as it needs more and charged to its
+/// client; given back when dropped.
 struct FetchCharge {
-    budget: Arc<Semaphore>,
+    budget: Arc<FetchBudget>,
+    client: IpAddr,
     permit: Option<OwnedSemaphorePermit>,
 }
 
 impl FetchCharge {
-    fn new(budget: &Arc<Semaphore>) -> Self {
+    /// A fetch for `client`, counted by its /64 when it is IPv6: one host commonly has a whole
+    /// /64, so counting its addresses one by one would multiply its share.
+    fn new(budget: &Arc<FetchBudget>, client: IpAddr) -> Self {
         FetchCharge {
             budget: budget.clone(),
+            client: network_of(client),
             permit: None,
         }
     }
 
-    /// Grows the charge to cover `bytes`, or 503 when the other fetches hold the rest.
+    /// Grows the charge to cover `bytes`, or 503 when the other fetches hold the rest, or when
+    /// this client's fetches would hold more than its share (the same answer: booked to the
+    /// client, which holds what it is refused for).
     fn reserve(&mut self, bytes: usize) -> Result<(), ProxyError> {
         let have = self.permit.as_ref().map_or(0, |p| p.num_permits());
         let more = bytes.div_ceil(1024).saturating_sub(have);
         if more == 0 {
             return Ok(());
         }
+        let busy = |side| {
+            ProxyError::new(
+                side,
+                StatusCode::SERVICE_UNAVAILABLE,
+                "epg_busy",
+                format!(
+                    "the guides being fetched now hold all the memory set aside for them \
+                     ({FETCH_GUIDES} × media.epg.max_bytes); try again shortly"
+                ),
+            )
+            .with_retry_after(1)
+        };
+        let mut clients = self.budget.clients();
+        let mine = clients.get(&self.client).copied().unwrap_or(0);
+        if mine.saturating_add(more) > self.budget.share {
+            return Err(busy(Side::Downstream));
+        }
         let taken = u32::try_from(more)
             .ok()
-            .and_then(|n| self.budget.clone().try_acquire_many_owned(n).ok())
-            .ok_or_else(|| {
-                ProxyError::new(
-                    Side::Internal,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "epg_busy",
-                    format!(
-                        "the guides being fetched now hold all the memory set aside for them \
-                         ({FETCH_GUIDES} × media.epg.max_bytes); try again shortly"
-                    ),
-                )
-                .with_retry_after(1)
-            })?;
+            .and_then(|n| self.budget.kib.clone().try_acquire_many_owned(n).ok())
+            .ok_or_else(|| busy(Side::Internal))?;
+        *clients.entry(self.client).or_insert(0) += more;
+        drop(clients);
         match &mut self.permit {
             Some(p) => p.merge(taken),
             None => self.permit = Some(taken),
         }
         Ok(())
+    }
+}
+
+impl Drop for FetchCharge {
+    fn drop(&mut self) {
+        if let Some(p) = self.permit.take() {
+            self.budget.give_back(self.client, p.num_permits());
+        }
     }
 }
 
