@@ -50,6 +50,11 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_with(|_| {}).await
+}
+
+/// As [`setup`], with `tweak` applied to the configuration last.
+async fn setup_with(tweak: impl FnOnce(&mut sluice::config::Config)) -> Setup {
     let origin = Origin::start().await;
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
@@ -70,6 +75,38 @@ async fn setup() -> Setup {
     let slow = script(&dir, "slow.sh", "sleep 20");
     let chatty = script(&dir, "chatty.sh", "head -c 3000000 /dev/zero");
     let fail = script(&dir, "fail.sh", "echo 'page gone' >&2\nexit 3");
+    // Fails after as many seconds as the page's last path segment says.
+    let nap = script(&dir, "nap.sh", "sleep \"${1##*/}\"\nexit 3");
+    // Prints the given JSON answer.
+    let prints =
+        |name: &str, answer: String| script(&dir, name, &format!("cat <<'EOF'\n{answer}\nEOF"));
+    let long_url = prints(
+        "long_url.sh",
+        format!(
+            r#"{{"destination_url":"{small}?{}"}}"#,
+            "a".repeat(17 * 1024)
+        ),
+    );
+    let many: Vec<String> = (0..65).map(|i| format!(r#""X-H{i}":"v""#)).collect();
+    let many_headers = prints(
+        "many_headers.sh",
+        format!(
+            r#"{{"destination_url":"{small}","request_headers":{{{}}}}}"#,
+            many.join(",")
+        ),
+    );
+    let big_headers = prints(
+        "big_headers.sh",
+        format!(
+            r#"{{"destination_url":"{small}","request_headers":{{"Cookie":"{}"}}}}"#,
+            "c".repeat(17 * 1024)
+        ),
+    );
+    let echo_host = script(
+        &dir,
+        "echo_host.sh",
+        &format!("echo \"{{\\\"destination_url\\\":\\\"{small}?h=$SLUICE_EXTRACTOR_HOST\\\"}}\""),
+    );
     let mut config = test_config();
     config.auth.api_password = "pw".into();
     let x = &mut config.media.extractors;
@@ -85,9 +122,16 @@ async fn setup() -> Setup {
         entry("Slow", &[], slow),
         entry("Chatty", &[], chatty),
         entry("Fail", &[], fail),
+        entry("Nap", &[], nap),
+        entry("LongUrl", &[], long_url),
+        entry("ManyHeaders", &[], many_headers),
+        entry("BigHeaders", &[], big_headers),
+        entry("Echo", &["*.echo.example"], echo_host),
+        entry("Missing", &[], "/nonexistent/sluice-extractor".to_string()),
     ];
     x.timeout_secs = 1;
     x.max_output_bytes = 1 << 20;
+    tweak(&mut config);
     let sluice = Sluice::start(config).await;
     Setup {
         sluice,
@@ -340,4 +384,189 @@ async fn the_address_guard_applies_to_the_page_before_any_command_runs() {
     }
     assert!(runs(&s.dir).is_empty(), "{:?}", runs(&s.dir));
     assert!(s.origin.seen_path("/secret").is_empty());
+}
+
+fn kind_and_side(r: &Reply) -> (String, String) {
+    let v = json(r);
+    (
+        v["kind"].as_str().unwrap_or("").to_string(),
+        v["side"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+fn runs_of(s: &Setup, script: &str) -> usize {
+    runs(&s.dir)
+        .iter()
+        .filter(|l| l.starts_with(&format!("{script} ")))
+        .count()
+}
+
+/// Waits until `script` has been started `n` times (a run is under way).
+async fn started(s: &Setup, script: &str, n: usize) {
+    for _ in 0..500 {
+        if runs_of(s, script) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{script} never ran {n} times: {:?}", runs(&s.dir));
+}
+
+/// A client elsewhere, as a front proxy on this host (`auth.trusted_proxies`) reports it.
+async fn get_from(client: &str, url: &str) -> Reply {
+    request("GET", url, &[("x-forwarded-for", client)]).await
+}
+
+/// Requests for one failing page that were waiting for its run take that run's error: the
+/// command runs once, not once per request one after another. A request that comes after the
+/// failure runs it again (failures are not kept).
+#[tokio::test]
+async fn a_failed_run_is_shared_with_the_requests_waiting_for_it() {
+    let s = setup().await;
+    let url = extract(&s, "/extractor/video", "Nap", "https://a.example/0.5", "");
+    let all = futures_util::future::join_all((0..5).map(|_| get(&url))).await;
+    for r in &all {
+        assert_eq!(r.status, 502, "{:?}", r.body);
+        assert_eq!(
+            kind_and_side(r),
+            ("extractor_failed".into(), "upstream".into())
+        );
+    }
+    assert_eq!(runs_of(&s, "nap.sh"), 1, "{:?}", runs(&s.dir));
+    let r = get(&url).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(runs_of(&s, "nap.sh"), 2);
+}
+
+/// Waiting for a page's turn is bounded by the timeout, together with the wait for a slot: a
+/// request behind a slow run of its page is refused as busy (503) within one timeout, rather
+/// than waiting for that run, then for a slot and a run of its own.
+#[tokio::test]
+async fn waiting_for_a_page_s_turn_is_bounded_by_the_timeout() {
+    let s = setup_with(|c| {
+        c.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+        c.media.extractors.max_running = 1;
+        c.media.extractors.timeout_secs = 3;
+    })
+    .await;
+    // A holds the only slot for 1.5 s; B takes the slow page's turn and waits for the slot,
+    // then runs until the 3 s timeout kills it (at about 4.5 s).
+    let a = extract(&s, "/extractor/video", "Nap", "https://a.example/1.5", "");
+    let a = tokio::spawn(async move { get_from("203.0.113.1", &a).await });
+    started(&s, "nap.sh", 1).await;
+    let slow = extract(&s, "/extractor/video", "Slow", "https://a.example/slow", "");
+    let b = {
+        let slow = slow.clone();
+        tokio::spawn(async move { get_from("203.0.113.2", &slow).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // C waits for the slow page's turn, which B holds past C's 3 s.
+    let c = get_from("203.0.113.3", &slow).await;
+    assert_eq!(c.status, 503, "{:?}", c.body);
+    assert_eq!(kind_and_side(&c).0, "extractor_busy");
+    assert_eq!(c.headers["retry-after"], "3");
+    assert_eq!(a.await.unwrap().status, 502);
+    assert_eq!(b.await.unwrap().status, 504);
+    assert_eq!(runs_of(&s, "slow.sh"), 1, "{:?}", runs(&s.dir));
+}
+
+/// One client cannot take every slot: its runs (waiting for a slot or running) are at most half
+/// of `max_running`; past it 429, booked to the client, and another client still gets a slot.
+#[tokio::test]
+async fn one_client_cannot_take_every_extractor_slot() {
+    let s = setup_with(|c| {
+        c.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+        c.media.extractors.max_running = 2;
+        c.media.extractors.timeout_secs = 2;
+    })
+    .await;
+    let first = extract(&s, "/extractor/video", "Slow", "https://a.example/s1", "");
+    let first = tokio::spawn(async move { get_from("203.0.113.1", &first).await });
+    started(&s, "slow.sh", 1).await;
+    // The same client's network (an IPv6 client's /64 likewise), another page: refused.
+    let second = extract(&s, "/extractor/video", "Slow", "https://a.example/s2", "");
+    let r = get_from("203.0.113.1", &second).await;
+    assert_eq!(r.status, 429, "{:?}", r.body);
+    assert_eq!(
+        kind_and_side(&r),
+        ("too_many_requests".into(), "downstream".into())
+    );
+    assert_eq!(runs_of(&s, "slow.sh"), 1);
+    // Another client runs at once.
+    let ok = extract(&s, "/extractor/video", "Ok", "https://host.example/v/9", "");
+    let r = get_from("203.0.113.2", &ok).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(first.await.unwrap().status, 504);
+    // Its run over, the first client runs again.
+    let r = get_from("203.0.113.1", &second).await;
+    assert_eq!(r.status, 504);
+}
+
+/// A command's answer is bounded before it is kept and sealed into every answer: a destination
+/// URL over 16 KiB, more than 64 headers or over 16 KiB of them is refused as unusable (502).
+#[tokio::test]
+async fn oversized_answers_are_refused() {
+    let s = setup().await;
+    for host in ["LongUrl", "ManyHeaders", "BigHeaders"] {
+        let r = get(&extract(
+            &s,
+            "/extractor/video",
+            host,
+            "https://a.example/big",
+            "",
+        ))
+        .await;
+        assert_eq!(r.status, 502, "{host}: {:?}", r.body.map(|b| b.len()));
+        assert_eq!(
+            kind_and_side(&r),
+            ("extractor_output".into(), "upstream".into()),
+            "{host}"
+        );
+    }
+}
+
+/// The command is given the configured entry's `host`, not the client's spelling: the answer is
+/// kept per command and page, so two spellings cannot get each other's answers.
+#[tokio::test]
+async fn the_command_gets_the_configured_host() {
+    let s = setup().await;
+    let page = "https://www.echo.example/1";
+    for host in ["Other", "Third"] {
+        let r = get(&extract(&s, "/extractor/video", host, page, "")).await;
+        assert_eq!(r.status, 200, "{:?}", r.body);
+        let url = json(&r)["destination_url"].as_str().unwrap().to_string();
+        assert!(url.ends_with("?h=Echo"), "{host}: {url}");
+    }
+    assert_eq!(runs_of(&s, "echo_host.sh"), 1);
+}
+
+/// A control character in `host` is the client's fault (400) and nothing runs (a page its
+/// patterns cover picks the command whatever `host` says); a command that cannot be started is
+/// sluice's (500, side internal), not the page's.
+#[tokio::test]
+async fn control_characters_in_host_and_a_command_that_cannot_start() {
+    let s = setup().await;
+    for host in ["Ok%00", "%07Ok", "O%0Ak"] {
+        let url = s.sluice.url(&format!(
+            "/extractor/video?host={host}&d={}&api_password=pw",
+            enc("https://www.pattern.example/ctl")
+        ));
+        let r = get(&url).await;
+        assert_eq!(r.status, 400, "{host}: {:?}", r.body);
+        assert_eq!(kind_and_side(&r).1, "downstream");
+    }
+    assert!(runs(&s.dir).is_empty(), "{:?}", runs(&s.dir));
+    let r = get(&extract(
+        &s,
+        "/extractor/video",
+        "Missing",
+        "https://a.example/m",
+        "",
+    ))
+    .await;
+    assert_eq!(r.status, 500, "{:?}", r.body);
+    assert_eq!(
+        kind_and_side(&r),
+        ("extractor_failed".into(), "internal".into())
+    );
 }

@@ -8,6 +8,7 @@
 pub mod run;
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use tokio::time::Instant;
 
 use self::run::{Invocation, RunError};
 use super::keyed::Keyed;
+use super::limit::InFlight;
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::request::RequestContext;
@@ -32,6 +34,17 @@ use crate::upstream::{ConnectError, Upstream, UpstreamError};
 /// `max_output_bytes`, and 1024 of those would be gigabytes. The oldest go first; an answer
 /// larger than this is not kept.
 pub const CACHE_MAX_BYTES: usize = 32 * 1024 * 1024;
+
+/// Bytes of a command's destination URL, at most: it is kept, and sealed into every answer.
+pub const MAX_URL_BYTES: usize = 16 * 1024;
+
+/// Headers a command's answer may carry, at most, and bytes of their names and values together.
+pub const MAX_HEADERS: usize = 64;
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// Failed runs kept at once for the requests that were waiting for them (each for at most
+/// `timeout_secs`); past it a failure is not shared, and its waiters run again.
+const FAILURES_KEPT: usize = 4096;
 
 /// The path prefix this module serves.
 pub const PATH: &str = "/extractor/video";
@@ -60,7 +73,8 @@ pub struct ExtractorsConfig {
     pub timeout_secs: u64,
     /// Bytes a run may print before it is killed (502).
     pub max_output_bytes: usize,
-    /// Runs at once; a request that cannot start one within `timeout_secs` gets 503.
+    /// Runs at once; a request that cannot get its page's turn and a slot within `timeout_secs`
+    /// gets 503. One client network has at most half of them (at least 1) waiting or running.
     pub max_running: usize,
     /// Seconds an answer is reused for the same page (MediaFlow keeps them 5 minutes); 0: never.
     pub cache_secs: u64,
@@ -123,6 +137,21 @@ pub struct Extractors {
     /// One lock per page being extracted, so concurrent requests share one run; the last request
     /// holding or waiting for it removes it, however it ends.
     pending: Keyed<[u8; 32]>,
+    /// Failed runs, for the requests that were already waiting for them.
+    failures: Mutex<Failures>,
+    /// Runs (waiting for a slot or running) per client network, so one client cannot take every
+    /// slot: at most half of `max_running` (at least 1).
+    per_client: Arc<InFlight<IpAddr>>,
+}
+
+/// Failed runs, each numbered: a request that arrived before a failure was numbered (it was
+/// waiting for that run, or arrived while it ran) takes its error rather than running again; a
+/// later request runs again (failures are not kept).
+#[derive(Default)]
+struct Failures {
+    /// The number of the latest failure.
+    seq: u64,
+    map: HashMap<[u8; 32], (u64, Instant, ProxyError)>,
 }
 
 /// The kept answers and what they weigh.
@@ -201,6 +230,8 @@ impl Extractors {
             patterns,
             answers: Mutex::new(Answers::default()),
             pending: Keyed::new(),
+            failures: Mutex::new(Failures::default()),
+            per_client: InFlight::new((config.max_running / 2).max(1)),
         }
     }
 
@@ -219,7 +250,11 @@ impl Extractors {
             ));
         }
         let params = super::stream::parse_params(ctx)?;
-        let host = ctx.query.get("host").unwrap_or("").trim().to_string();
+        let raw_host = ctx.query.get("host").unwrap_or("");
+        if raw_host.chars().any(char::is_control) {
+            return Err(bad_request("host must not contain control characters"));
+        }
+        let host = raw_host.trim().to_string();
         let extra = ctx.query.get("extra_params").unwrap_or("{}").to_string();
         if serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&extra).is_err() {
             return Err(bad_request("extra_params must be a JSON object"));
@@ -234,7 +269,7 @@ impl Extractors {
         self.guard(&media.upstream, &page).await?;
         let key = answer_key(index, page.as_str(), &extra);
         let found = self
-            .answer(index, key, &host, page.as_str(), &extra)
+            .answer(index, key, ctx.client_ip, page.as_str(), &extra)
             .await?;
         respond(media, ctx, &params, &found, redirect)
     }
@@ -299,21 +334,50 @@ impl Extractors {
         &self,
         index: usize,
         key: [u8; 32],
-        host: &str,
+        client: IpAddr,
         page: &str,
         extra: &str,
     ) -> Result<Found, ProxyError> {
         if let Some(found) = self.kept(&key) {
             return Ok(found);
         }
+        // The page's turn and a slot are waited for `timeout_secs` together: a page whose runs
+        // are slow or stalled does not queue its requests one run after another.
+        let deadline = Instant::now() + Duration::from_secs(self.config.timeout_secs);
+        let arrived = self.failures().seq;
         // This request's place among the page's holders, given up however it ends (a client
         // that goes away while waiting included).
         let share = self.pending.hold(key);
-        let _held = share.turn().await;
+        let _held = tokio::time::timeout_at(deadline, share.turn())
+            .await
+            .map_err(|_| self.busy())?;
         if let Some(found) = self.kept(&key) {
             return Ok(found);
         }
-        let found = self.extract(index, host, page, extra).await?;
+        // The run this request waited for failed: its error, not another run.
+        if let Some(e) = self.failed_since(&key, arrived) {
+            return Err(e);
+        }
+        // A run of this client's (waiting for a slot or running), given back however it ends.
+        let _place = self
+            .per_client
+            .take(crate::net::per_ip::network_of(client))
+            .ok_or_else(|| {
+                ProxyError::downstream(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_requests",
+                    "this client has too many extractor runs at once \
+                     (half of media.extractors.max_running)",
+                )
+                .with_retry_after(self.config.timeout_secs)
+            })?;
+        let found = match self.extract(index, page, extra, deadline).await {
+            Ok(found) => found,
+            Err(e) => {
+                self.fail(key, &e);
+                return Err(e);
+            }
+        };
         if self.config.cache_secs > 0 && self.config.cache_entries > 0 {
             self.answers.lock().expect("extractor lock").insert(
                 key,
@@ -324,6 +388,40 @@ impl Extractors {
             );
         }
         Ok(found)
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The error of a run of `key` that failed after a request numbered `arrived` came.
+    fn failed_since(&self, key: &[u8; 32], arrived: u64) -> Option<ProxyError> {
+        let failures = self.failures();
+        let (seq, _, e) = failures.map.get(key)?;
+        (*seq > arrived).then(|| e.clone())
+    }
+
+    /// Keeps a failed run's error for the requests waiting for it: each waits at most
+    /// `timeout_secs` for its turn, so older failures have no one left to take them.
+    fn fail(&self, key: [u8; 32], e: &ProxyError) {
+        let wait = Duration::from_secs(self.config.timeout_secs);
+        let mut failures = self.failures();
+        failures.map.retain(|_, (_, at, _)| at.elapsed() <= wait);
+        failures.seq += 1;
+        let seq = failures.seq;
+        if failures.map.len() < FAILURES_KEPT || failures.map.contains_key(&key) {
+            failures.map.insert(key, (seq, Instant::now(), e.clone()));
+        }
+    }
+
+    fn busy(&self) -> ProxyError {
+        ProxyError::new(
+            Side::Internal,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "extractor_busy",
+            "every extractor slot is busy (media.extractors.max_running)",
+        )
+        .with_retry_after(self.config.timeout_secs)
     }
 
     fn kept(&self, key: &[u8; 32]) -> Option<Found> {
@@ -340,29 +438,22 @@ impl Extractors {
     async fn extract(
         &self,
         index: usize,
-        host: &str,
         page: &str,
         extra: &str,
+        deadline: Instant,
     ) -> Result<Found, ProxyError> {
         let timeout = Duration::from_secs(self.config.timeout_secs);
-        let _permit = tokio::time::timeout(timeout, self.running.clone().acquire_owned())
+        let _permit = tokio::time::timeout_at(deadline, self.running.clone().acquire_owned())
             .await
-            .map_err(|_| {
-                let mut e = ProxyError::new(
-                    Side::Internal,
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "extractor_busy",
-                    "every extractor slot is busy (media.extractors.max_running)",
-                );
-                e.retry_after = Some(self.config.timeout_secs);
-                e
-            })?
+            .map_err(|_| self.busy())?
             .expect("semaphore never closed");
         let entry = &self.config.commands[index];
         let out = run::run(Invocation {
             argv: &entry.command,
             page,
-            host,
+            // The configured entry's name, not the client's spelling: the answer is kept per
+            // command, page and `extra_params`, so what the command is given must be no more.
+            host: &entry.host,
             extra_params: extra,
             timeout,
             max_output: self.config.max_output_bytes,
@@ -371,30 +462,44 @@ impl Extractors {
         .map_err(|e| {
             // What the command printed on standard error (which may describe what its fetch of
             // the page met: a refused port, a 404) is the operator's, in the log only: Debug-
-            // escaped (it is the page's server's text, passed on), the page's query masked.
+            // escaped (it is the page's server's text, passed on), every URL's query masked
+            // (yt-dlp prints the page URL it was given).
             tracing::warn!(
                 command = %entry.command[0],
                 page = ?crate::redact::mask_url(page),
-                error = ?e,
+                error = ?mask_urls_in(&e.to_string()),
                 "extractor run failed"
             );
-            let (status, kind, message) = match e {
+            let (side, status, kind, message) = match e {
                 RunError::Timeout(_) => (
+                    Side::Upstream,
                     StatusCode::GATEWAY_TIMEOUT,
                     "extractor_timeout",
                     e.to_string(),
                 ),
-                RunError::TooMuch(_) => {
-                    (StatusCode::BAD_GATEWAY, "extractor_failed", e.to_string())
-                }
-                RunError::Spawn(_) | RunError::Failed { .. } => (
+                RunError::TooMuch(_) => (
+                    Side::Upstream,
+                    StatusCode::BAD_GATEWAY,
+                    "extractor_failed",
+                    e.to_string(),
+                ),
+                RunError::Failed { .. } => (
+                    Side::Upstream,
                     StatusCode::BAD_GATEWAY,
                     "extractor_failed",
                     "the extractor found no stream for this page (details are in sluice's log)"
                         .to_string(),
                 ),
+                // Starting it, or reading or waiting for it, failed here: sluice's (or its
+                // configuration's) fault, not the page's.
+                RunError::Spawn(_) => (
+                    Side::Internal,
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "extractor_failed",
+                    "the extractor could not be run (details are in sluice's log)".to_string(),
+                ),
             };
-            ProxyError::new(Side::Upstream, status, kind, message)
+            ProxyError::new(side, status, kind, message)
         })?;
         parse_output(&out).map_err(|why| {
             ProxyError::new(
@@ -419,14 +524,32 @@ pub fn parse_output(out: &[u8]) -> Result<Found, String> {
     let raw = field(&["destination_url", "url"])
         .and_then(|u| u.as_str())
         .ok_or("no destination_url")?;
+    let too_long = || format!("destination_url is longer than {MAX_URL_BYTES} bytes");
+    if raw.len() > MAX_URL_BYTES {
+        return Err(too_long());
+    }
     let url = url::Url::parse(raw).map_err(|_| "destination_url is not a URL".to_string())?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         return Err("destination_url is not an http(s) URL".into());
+    }
+    // (Parsing may percent-encode it longer.)
+    if url.as_str().len() > MAX_URL_BYTES {
+        return Err(too_long());
     }
     let mut headers = Vec::new();
     if let Some(map) =
         field(&["request_headers", "http_headers", "headers"]).and_then(|h| h.as_object())
     {
+        // Counted as given, the ones left out below included.
+        let bytes: usize = map
+            .iter()
+            .map(|(k, v)| k.len() + v.as_str().map_or(0, str::len))
+            .sum();
+        if map.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+            return Err(format!(
+                "more than {MAX_HEADERS} headers or {MAX_HEADER_BYTES} bytes of them"
+            ));
+        }
         for (name, value) in map {
             let Some(value) = value.as_str() else {
                 continue;
@@ -449,6 +572,27 @@ pub fn parse_output(out: &[u8]) -> Result<Found, String> {
         || path.ends_with(".m3u8")
         || path.ends_with(".m3u");
     Ok(Found { url, headers, hls })
+}
+
+/// `text` with every URL in it (`scheme://` up to a space or quote) masked as
+/// [`crate::redact::mask_url`] masks one: query values and a user info's password starred.
+fn mask_urls_in(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        // The scheme: the letters, digits, `+`, `-` and `.` right before `://`.
+        let start = rest[..at]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |i| i + 1);
+        let end = rest[at..]
+            .find(|c: char| c.is_whitespace() || c.is_control() || "\"'<>`".contains(c))
+            .map_or(rest.len(), |i| at + i);
+        out.push_str(&rest[..start]);
+        out.push_str(&crate::redact::mask_url(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 fn answer_key(index: usize, page: &str, extra: &str) -> [u8; 32] {
@@ -538,27 +682,30 @@ mod tests {
         })
     }
 
-    #[tokio::test]
-    async fn kept_answers_stay_within_the_byte_bound() {
-        // Each page's answer is a destination URL of about 1 MiB; 1024 entries would allow 1 GiB.
-        let x = shell(
-            r#"printf '{"destination_url":"http://cdn.example/%s"}' "$(head -c 1000000 /dev/zero | tr '\0' a)""#,
-            ExtractorsConfig {
-                max_output_bytes: 2 * 1024 * 1024,
-                timeout_secs: 20,
-                ..Default::default()
-            },
-        );
+    const CLIENT: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[test]
+    fn kept_answers_stay_within_the_byte_bound() {
+        // Each page's answer weighs about 1 MiB (commands' answers are bounded far below that,
+        // the byte bound holds whatever they weigh); 1024 entries would allow 1 GiB.
+        let mut answers = Answers::default();
         for n in 0..40 {
             let page = format!("https://page.example/{n}");
-            let found = x
-                .answer(0, answer_key(0, &page, "{}"), "Sh", &page, "{}")
-                .await
-                .unwrap();
-            assert!(found.url.as_str().len() > 1_000_000);
-            assert!(x.cached_bytes() <= CACHE_MAX_BYTES, "{}", x.cached_bytes());
+            let found = Found {
+                url: url::Url::parse(&format!("http://cdn.example/{}", "a".repeat(1_000_000)))
+                    .unwrap(),
+                headers: Vec::new(),
+                hls: false,
+            };
+            answers.insert(
+                answer_key(0, &page, "{}"),
+                found,
+                Duration::from_secs(300),
+                1024,
+                CACHE_MAX_BYTES,
+            );
+            assert!(answers.bytes <= CACHE_MAX_BYTES, "{}", answers.bytes);
         }
-        let answers = x.answers.lock().unwrap();
         assert!(answers.map.len() >= 30 && answers.map.len() < 40);
         // The newest is kept, the oldest went.
         assert!(answers
@@ -567,7 +714,6 @@ mod tests {
         assert!(!answers
             .map
             .contains_key(&answer_key(0, "https://page.example/0", "{}")));
-        drop(answers);
         // An answer larger than the whole bound is not kept.
         let mut a = Answers::default();
         let big = Found {
@@ -586,7 +732,7 @@ mod tests {
         let key = answer_key(0, "https://page.example/slow", "{}");
         let spawn = |x: Arc<Extractors>| {
             tokio::spawn(async move {
-                x.answer(0, key, "Sh", "https://page.example/slow", "{}")
+                x.answer(0, key, CLIENT, "https://page.example/slow", "{}")
                     .await
             })
         };
@@ -603,6 +749,27 @@ mod tests {
         first.abort();
         let _ = first.await;
         assert_eq!(x.pending.keys_held(), 0);
+    }
+
+    /// What a failed run's standard error says reaches the log with every URL's query masked:
+    /// yt-dlp prints the page URL it was given, a signed one's token among it.
+    #[test]
+    fn urls_in_a_failed_run_are_masked_for_the_log() {
+        let e = RunError::Failed {
+            status: "exit status: 1".into(),
+            stderr: "[generic] Extracting URL: https://u:pw@page.example/v?token=SECRET1&x=2\n\
+                     ERROR: Unable to download 'http://cdn.example/a.m3u8?sig=SECRET2' (404)"
+                .into(),
+        };
+        let logged = mask_urls_in(&e.to_string());
+        assert!(!logged.contains("SECRET"), "{logged}");
+        assert!(!logged.contains(":pw@"), "{logged}");
+        assert!(
+            logged.contains("https://u:****@page.example/v?token=****&x=****"),
+            "{logged}"
+        );
+        assert!(logged.contains("'http://cdn.example/a.m3u8?sig=****' (404)"));
+        assert_eq!(mask_urls_in("no url: a://"), "no url: a://");
     }
 
     #[test]
