@@ -23,7 +23,9 @@ const EXT_ALPN: u16 = 16;
 /// What routing needs from a ClientHello.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClientHello {
-    /// The `host_name` from server_name, lowercased; `None` when the client sent none.
+    /// The `host_name` from server_name, lowercased; `None` when the client sent none, or one
+    /// that is not a DNS host name (an IP literal, `*`, a space...): such a hello is routed as one
+    /// without a name, not refused.
     pub server_name: Option<String>,
     /// Protocols offered by ALPN, in the client's order.
     pub alpn: Vec<Vec<u8>>,
@@ -214,35 +216,41 @@ fn parse_server_name(data: &[u8]) -> Result<Option<String>, Error> {
         return Err(Error::Malformed("bytes after server_name list"));
     }
     let mut found = None;
+    let mut seen = false;
     while !list.buf.is_empty() {
         let name_type = list.u8("server_name type")?;
         let name = list.vec16("server_name")?;
         // RFC 6066: at most one name per type; host_name is type 0, others are ignored.
         if name_type == 0 {
-            if found.is_some() {
+            if seen {
                 return Err(Error::Malformed("two host names"));
             }
-            found = Some(host_name(name)?);
+            seen = true;
+            found = host_name(name);
         }
     }
     Ok(found)
 }
 
 /// A DNS host name: letters, digits, '-', '.', '_' (seen in the wild), 1..=253 bytes, lowercased.
-fn host_name(raw: &[u8]) -> Result<String, Error> {
+/// Anything else (an IP literal such as `fe80::1`, `*`, a space, a non-ASCII byte) is no name:
+/// the hello itself is well formed, so it goes where a hello without SNI goes. Before, such a
+/// name made the whole hello malformed and an SNI-routing listener refused the connection.
+fn host_name(raw: &[u8]) -> Option<String> {
     let ok = !raw.is_empty()
         && raw.len() <= 253
         && raw
             .iter()
             .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
     if !ok {
-        return Err(Error::Malformed("server_name is not a DNS host name"));
+        return None;
     }
     let mut name = String::from_utf8_lossy(raw).to_ascii_lowercase();
     if name.ends_with('.') {
         name.pop();
     }
-    Ok(name)
+    // "." alone names nothing either.
+    (!name.is_empty()).then_some(name)
 }
 
 fn parse_alpn(data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {

@@ -1497,6 +1497,136 @@ async fn behind_a_trusted_proxy_the_share_is_the_header_source() {
     assert_eq!(echo.accepted.load(Ordering::SeqCst), 2);
 }
 
+/// One IPv6 /48 cannot hold every slot by spreading its connections over its /64s (65,536 of
+/// them, free from a tunnel broker): past 16 shares over the whole /48 (`SHARES_PER_48`) its new
+/// connections are closed at once, whichever /64 they come from, while another /48 is served.
+/// Counted by PROXY header source, the one way a test on loopback can come from many /64s.
+/// Before, each /64 held a full share: at a share of 100 a /57 filled 10,000 slots.
+#[tokio::test]
+async fn one_ipv6_48_holds_at_most_16_shares_over_its_64s() {
+    let echo = Upstream::echo().await;
+    let proxy = Proxy::start(&proxy_in(
+        "127.0.0.0/8",
+        "max_connections_per_ip = 1\nper_ip_exempt = []",
+        &quoted(&[echo.addr]),
+    ));
+    let dst = "198.51.100.1:5432".parse().unwrap();
+    let from = |client: String| {
+        let header = proxy_protocol::encode_v2(client.parse().unwrap(), dst);
+        let addr = proxy.addr();
+        async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(&header).await.unwrap();
+            s
+        }
+    };
+    // Sixteen /64s of 2001:db8:1::/48, one connection each: all served.
+    let mut held = Vec::new();
+    for net in 0..16 {
+        let mut s = from(format!("[2001:db8:1:{net:x}::1]:1000")).await;
+        assert!(echoes(&mut s, b"held").await, "/64 number {net}");
+        held.push(s);
+    }
+    // A seventeenth /64 of the same /48, with nothing open in its own /64: refused.
+    let mut more = from("[2001:db8:1:ff::1]:1000".to_string()).await;
+    let _ = more.write_all(b"more").await;
+    assert_eq!(read_all(&mut more, 5).await.unwrap_or_default(), b"");
+    // Another /48 is served.
+    let mut other = from("[2001:db8:2::1]:1000".to_string()).await;
+    assert!(echoes(&mut other, b"othr").await);
+    assert_eq!(echo.accepted.load(Ordering::SeqCst), 17);
+    // A place given back lets another /64 of the /48 in.
+    held.pop();
+    wait_connections(&proxy, 16).await;
+    let mut again = from("[2001:db8:1:ff::1]:1000".to_string()).await;
+    assert!(echoes(&mut again, b"agn!").await);
+    drop((held, other, again));
+    proxy.idle().await;
+    assert!(proxy.metrics().contains(
+        "sluice_tcp_connections_refused_total{listener=\"127.0.0.1:0\",reason=\"per_ip\"} 1"
+    ));
+}
+
+/// A PROXY v1 header sent in one write with the payload behind it is parsed and the payload
+/// reaches the upstream intact; a header trickled a byte per write still works. (How many reads
+/// the header takes is counted by `tcp::session`'s
+/// `a_proxy_header_in_one_write_takes_one_peek_and_one_read`.)
+#[tokio::test]
+async fn a_proxy_v1_header_with_its_payload_in_one_write_or_trickled() {
+    let (up, mut got) = Upstream::recorder("ok").await;
+    let proxy = Proxy::start(&proxy_in("127.0.0.0/8", "", &quoted(&[up.addr])));
+    let header = proxy_protocol::encode_v1(
+        "[2001:db8::7]:4242".parse().unwrap(),
+        "[2001:db8::1]:5432".parse().unwrap(),
+    );
+    let body = pattern(1 << 20);
+    for trickle in [false, true] {
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        if trickle {
+            s.set_nodelay(true).unwrap();
+            for b in &header {
+                s.write_all(std::slice::from_ref(b)).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            s.write_all(&body).await.unwrap();
+        } else {
+            s.write_all(&[&header[..], &body[..]].concat())
+                .await
+                .unwrap();
+        }
+        s.shutdown().await.unwrap();
+        assert_eq!(
+            read_all(&mut s, 5).await.unwrap(),
+            b"ok",
+            "trickle {trickle}"
+        );
+        let seen = got.recv().await.unwrap();
+        assert_eq!(sha256(&seen), sha256(&body), "trickle {trickle}");
+    }
+}
+
+/// A ClientHello whose server_name is not a DNS host name (an IPv6 literal, a wildcard, a space)
+/// goes to the listener's default upstream, as a hello without SNI does. Before, it was refused
+/// as `not_tls`, before any upstream was contacted.
+#[tokio::test]
+async fn a_hello_naming_no_host_goes_to_the_default_upstream() {
+    let (a, _a_got) = Upstream::recorder("A").await;
+    let (d, mut d_got) = Upstream::recorder("D").await;
+    let config = format!(
+        "[[upstreams]]\nname = \"a\"\nservers = [\"{}\"]\n[[upstreams]]\nname = \"d\"\nservers = [\"{}\"]\n\n\
+         [[tcp]]\nlisten = \"127.0.0.1:0\"\nupstream = \"d\"\n\
+         sni = [{{ server_name = \"*.b.example\", upstream = \"a\" }}]\n",
+        a.addr, d.addr
+    );
+    let proxy = Proxy::start(&config);
+    for name in [&b"fe80::1"[..], b"*.b.example", b"a b"] {
+        // rustls sends no IP literal or wildcard: its hello for a placeholder of the same
+        // length, with the name put in its place.
+        let placeholder = "q".repeat(name.len());
+        let mut hello = client_hello(&placeholder);
+        let at = hello
+            .windows(name.len())
+            .position(|w| w == placeholder.as_bytes())
+            .unwrap();
+        hello[at..at + name.len()].copy_from_slice(name);
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        s.write_all(&[&hello[..], b"after"].concat()).await.unwrap();
+        s.shutdown().await.unwrap();
+        let label = String::from_utf8_lossy(name);
+        assert_eq!(
+            read_all(&mut s, 5).await.unwrap_or_default(),
+            b"D",
+            "{label}"
+        );
+        assert_eq!(
+            d_got.recv().await.unwrap(),
+            [&hello[..], b"after"].concat(),
+            "{label}"
+        );
+    }
+    assert_eq!(a.accepted.load(Ordering::SeqCst), 0);
+}
+
 /// A ClientHello cut into more TLS records than any real client uses is refused like any other
 /// malformed hello, before any upstream is contacted; the same hello in 2 records is routed.
 /// Before, 16 KiB in 1-byte records (one per segment) cost a parse of every record per segment.

@@ -1,13 +1,14 @@
 //! One `[[tcp]]` listener's per-address share (`max_connections_per_ip`, `per_ip_exempt`): the
 //! connections each client holds, kept as long as the listener so a reload that changes the share
 //! or the exemptions counts the connections already open. An IPv6 client is counted by its /64,
-//! as on the HTTP listeners (`net::per_ip`), since one host is commonly given a whole /64.
+//! as on the HTTP listeners (`net::per_ip`), since one host is commonly given a whole /64, and
+//! its /48 holds at most [`SHARES_PER_48`] shares over all its /64s.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
 
-use crate::net::per_ip::network_of;
+use crate::net::per_ip::{network_of, release, site_of, SHARES_PER_48};
 
 /// The connections held per client network; changed in place by a reload ([`Share::set`]) rather
 /// than replaced, which would forget the connections open and let each address hold its share
@@ -24,6 +25,9 @@ struct State {
     /// Every open connection, by the client's network (its /64 for IPv6). Exempt ones are kept
     /// too, so a reload that ends their exemption (or turns the share on) counts them.
     held: HashMap<IpAddr, Network>,
+    /// Counted (not exempt) connections by IPv6 /48: the sum of `counted` over its networks,
+    /// held against [`SHARES_PER_48`] × `max`; an entry leaves at zero.
+    by_48: HashMap<Ipv6Addr, usize>,
 }
 
 #[derive(Default)]
@@ -42,6 +46,7 @@ impl Share {
                 max,
                 exempt,
                 held: HashMap::new(),
+                by_48: HashMap::new(),
             }),
         })
     }
@@ -52,33 +57,57 @@ impl Share {
     pub(super) fn set(&self, max: usize, exempt: Vec<ipnet::IpNet>) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.exempt != exempt {
-            for network in state.held.values_mut() {
+            let State { held, by_48, .. } = &mut *state;
+            by_48.clear();
+            for (key, network) in held.iter_mut() {
                 network.counted = network
                     .by_address
                     .iter()
                     .filter(|(ip, _)| !is_exempt(&exempt, **ip))
                     .map(|(_, n)| n)
                     .sum();
+                if let (Some(site), 1..) = (site_of(*key), network.counted) {
+                    *by_48.entry(site).or_insert(0) += network.counted;
+                }
             }
             state.exempt = exempt;
         }
         state.max = max;
     }
 
-    /// Takes a place for a connection from `ip`, or `None` when its network holds its share.
+    /// Takes a place for a connection from `ip`, or `None` when its network holds its share
+    /// (or its IPv6 /48 holds [`SHARES_PER_48`] shares).
     pub(super) fn take(self: &Arc<Self>, ip: IpAddr) -> Option<Place> {
         let ip = ip.to_canonical();
         let key = network_of(ip);
+        let site = site_of(ip);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let State { max, exempt, held } = &mut *state;
+        let State {
+            max,
+            exempt,
+            held,
+            by_48,
+        } = &mut *state;
         let counted = !is_exempt(exempt, ip);
-        let network = held.entry(key).or_default();
-        if counted && *max != 0 && network.counted >= *max {
-            // Not an empty entry: it holds at least `max` (> 0) connections.
-            return None;
+        if counted && *max != 0 {
+            let full = held.get(&key).is_some_and(|n| n.counted >= *max)
+                || site.is_some_and(|site| {
+                    by_48
+                        .get(&site)
+                        .is_some_and(|&n| n >= max.saturating_mul(SHARES_PER_48))
+                });
+            if full {
+                return None;
+            }
         }
+        let network = held.entry(key).or_default();
         *network.by_address.entry(ip).or_insert(0) += 1;
-        network.counted += usize::from(counted);
+        if counted {
+            network.counted += 1;
+            if let Some(site) = site {
+                *by_48.entry(site).or_insert(0) += 1;
+            }
+        }
         Some(Place {
             owner: Arc::clone(self),
             key,
@@ -101,18 +130,23 @@ pub(super) struct Place {
 impl Drop for Place {
     fn drop(&mut self) {
         let mut state = self.owner.state.lock().unwrap_or_else(|e| e.into_inner());
-        let State { exempt, held, .. } = &mut *state;
+        let State {
+            exempt,
+            held,
+            by_48,
+            ..
+        } = &mut *state;
         let Some(network) = held.get_mut(&self.key) else {
             return;
         };
-        if let Some(n) = network.by_address.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                network.by_address.remove(&self.ip);
-            }
+        if network.by_address.contains_key(&self.ip) {
+            release(&mut network.by_address, &self.ip);
             // Counted now exactly when not exempt now: `set` recounts when exemptions change.
             if !is_exempt(exempt, self.ip) {
                 network.counted -= 1;
+                if let Some(site) = site_of(self.key) {
+                    release(by_48, &site);
+                }
             }
         }
         if network.by_address.is_empty() {
@@ -188,5 +222,39 @@ mod tests {
         share.set(2, Vec::new());
         assert!(share.take(ip("198.51.100.1")).is_none());
         drop(off);
+    }
+
+    /// One IPv6 /48 holds at most `SHARES_PER_48` shares over all its /64s; exempt addresses in
+    /// it are served and not counted, and a change of exemptions recounts the /48 too. Before,
+    /// each of a /48's 65,536 /64s held a full share: one /48 (a /57 at a share of 100) filled
+    /// every slot of a 10,000-connection listener.
+    #[test]
+    fn one_48_holds_at_most_its_shares_over_all_its_64s() {
+        let share = Share::new(1, vec!["2001:db8:1:ffff::/64".parse().unwrap()]);
+        let in_64 = |site: u16, net: u16| -> IpAddr {
+            std::net::Ipv6Addr::new(0x2001, 0xdb8, site, net, 0, 0, 0, 1).into()
+        };
+        let held: Vec<Place> = (0..1000)
+            .filter_map(|net| share.take(in_64(1, net)))
+            .collect();
+        assert_eq!(held.len(), SHARES_PER_48);
+        let other = share.take(in_64(2, 0)).unwrap();
+        let exempt: Vec<Place> = (0..3)
+            .map(|_| share.take(in_64(1, 0xffff)).unwrap())
+            .collect();
+        assert_eq!(
+            share.state.lock().unwrap().by_48[&site_of(in_64(1, 0)).unwrap()],
+            16
+        );
+        // The exemption ends: its 3 count, so the /48 is over its shares until 3 + 1 leave.
+        share.set(1, Vec::new());
+        let mut held = held;
+        held.truncate(SHARES_PER_48 - 3);
+        assert!(share.take(in_64(1, 999)).is_none());
+        held.pop();
+        let again = share.take(in_64(1, 999)).unwrap();
+        drop((held, other, exempt, again));
+        let state = share.state.lock().unwrap();
+        assert!(state.held.is_empty() && state.by_48.is_empty());
     }
 }
