@@ -143,31 +143,67 @@ impl Auth {
     }
 
     /// The client's IP: the peer, or — only when the peer is a trusted proxy — the nearest untrusted
-    /// address in `X-Forwarded-For`, read right to left. A hop is an address, or an address with a
-    /// port (`1.2.3.4:5678`, `[2001:db8::1]:443`, as some proxies write it). A hop that is neither
-    /// (`unknown`, garbage) makes the client unknown: [`UNKNOWN_CLIENT`], which no allow-list entry
-    /// but `0.0.0.0/0` holds and no token binding matches, never the trusted proxy's own address.
+    /// node of the forwarding chain, read right to left: `X-Forwarded-For`'s hops, or the `for=`
+    /// nodes of `Forwarded` (RFC 7239). A hop is an address, or an address with a port
+    /// (`1.2.3.4:5678`, `[2001:db8::1]:443`, as some proxies write it). A hop that is neither
+    /// (`unknown`, an obfuscated `_name`, garbage), a `Forwarded` that does not parse, or chains in
+    /// both fields that name different clients make the client unknown: [`UNKNOWN_CLIENT`], which
+    /// no allow-list entry but `0.0.0.0/0` holds and no token binding matches, never the trusted
+    /// proxy's own address. So does an `X-Real-IP` without either field: a proxy that does not set
+    /// it passes the client's own, so it is never read.
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         if !self.is_trusted(peer) {
             return peer;
         }
-        let mut client = peer;
-        let hops = headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .map(|v| v.to_str().ok())
-            .collect::<Option<Vec<_>>>();
-        let Some(hops) = hops else {
-            return UNKNOWN_CLIENT;
-        };
-        let hops = hops
+        let from_xff = self.forwarded_for(peer, headers);
+        let from_forwarded = self.forwarded(peer, headers);
+        match (from_xff, from_forwarded) {
+            (Some(x), Some(f)) if x == f => x,
+            // One field forged by the client, passed by a proxy that writes only the other.
+            (Some(_), Some(_)) => UNKNOWN_CLIENT,
+            (Some(client), None) | (None, Some(client)) => client,
+            (None, None) if headers.contains_key("x-real-ip") => UNKNOWN_CLIENT,
+            (None, None) => peer,
+        }
+    }
+
+    /// The client `X-Forwarded-For` names (`None` when it names no hop at all).
+    fn forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpAddr> {
+        let mut lines = Vec::new();
+        for value in headers.get_all("x-forwarded-for") {
+            let Ok(line) = value.to_str() else {
+                return Some(UNKNOWN_CLIENT);
+            };
+            lines.push(line);
+        }
+        let hops = lines
             .iter()
             .flat_map(|v| v.split(','))
             .map(str::trim)
             .filter(|h| !h.is_empty())
+            .map(parse_hop)
             .collect::<Vec<_>>();
-        for hop in hops.iter().rev() {
-            let Some(ip) = parse_hop(hop) else {
+        (!hops.is_empty()).then(|| self.walk(peer, hops))
+    }
+
+    /// The client the `for=` nodes of `Forwarded` name (`None` when it has no element at all).
+    fn forwarded(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpAddr> {
+        let mut nodes = Vec::new();
+        for value in headers.get_all(http::header::FORWARDED) {
+            let Some(line) = value.to_str().ok().and_then(forwarded_nodes) else {
+                return Some(UNKNOWN_CLIENT);
+            };
+            nodes.extend(line);
+        }
+        (!nodes.is_empty()).then(|| self.walk(peer, nodes))
+    }
+
+    /// Walks a chain right to left from the trusted `peer`: the first untrusted node, else the
+    /// left-most; an unreadable node reached first makes the client unknown.
+    fn walk(&self, peer: IpAddr, nodes: Vec<Option<IpAddr>>) -> IpAddr {
+        let mut client = peer;
+        for node in nodes.into_iter().rev() {
+            let Some(ip) = node else {
                 return UNKNOWN_CLIENT;
             };
             client = ip;
@@ -197,6 +233,111 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
     }
     let v6 = hop.strip_prefix('[')?.strip_suffix(']')?;
     v6.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6)
+}
+
+/// The `for=` node of each element of one `Forwarded` field line, left to right: `None` for an
+/// element without one, or whose node is not an address (`unknown`, an obfuscated `_name`,
+/// garbage). `None` for the whole line when it does not parse: a quoted string left open or a
+/// character outside one that no value holds (a client's fragment must not swallow or reshape
+/// the element its proxy appended), a pair without `=`, or `for` twice in one element.
+fn forwarded_nodes(line: &str) -> Option<Vec<Option<IpAddr>>> {
+    let mut nodes = Vec::new();
+    for element in split_unquoted(line, b',')? {
+        if element.trim().is_empty() {
+            continue;
+        }
+        let mut node = None;
+        for pair in split_unquoted(element, b';')? {
+            let pair = pair.trim();
+            if pair.is_empty() {
+                continue;
+            }
+            let (name, value) = pair.split_once('=')?;
+            if name.is_empty() || !name.bytes().all(is_tchar) {
+                return None;
+            }
+            let value = match value.strip_prefix('"') {
+                // (Balanced by `split_unquoted`: a quoted value is the whole value.)
+                Some(quoted) => quoted.strip_suffix('"')?,
+                None if !value.is_empty() && value.bytes().all(is_unquoted_byte) => value,
+                None => return None,
+            };
+            if name.eq_ignore_ascii_case("for") {
+                if node.is_some() {
+                    return None;
+                }
+                // No address holds a quoted pair: an escape leaves the node unread.
+                node = Some((!value.contains('\\')).then(|| parse_node(value)).flatten());
+            }
+        }
+        nodes.push(node.flatten());
+    }
+    Some(nodes)
+}
+
+/// Splits `s` at each `delim` outside a quoted string. `None` when a quoted string is left open,
+/// or a quote opens in the middle of a value (`a"b"`) or a value continues after one closes.
+fn split_unquoted(s: &str, delim: u8) -> Option<Vec<&str>> {
+    let bytes = s.as_bytes();
+    let mut parts = Vec::new();
+    let (mut start, mut i) = (0, 0);
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => {
+                // A quoted string is a whole value: it follows `=`.
+                if i == 0 || bytes[i - 1] != b'=' {
+                    return None;
+                }
+                i += 1;
+                loop {
+                    match bytes.get(i)? {
+                        b'"' => break,
+                        b'\\' => i += 2,
+                        _ => i += 1,
+                    }
+                }
+                // After the closing quote: a delimiter, blanks or the end.
+                if !matches!(bytes.get(i + 1), None | Some(b',' | b';' | b' ' | b'\t')) {
+                    return None;
+                }
+            }
+            b if b == delim => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    parts.push(&s[start..]);
+    Some(parts)
+}
+
+/// RFC 9110 `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// A byte of an unquoted value: a token's, and the `:` `[` `]` of an address with a port or an
+/// IPv6 address some proxies leave unquoted.
+fn is_unquoted_byte(b: u8) -> bool {
+    is_tchar(b) || matches!(b, b':' | b'[' | b']')
+}
+
+/// A `Forwarded` node: an address, `IPv4:port`, `[IPv6]` or `[IPv6]:port`, the port possibly
+/// obfuscated (`_name`). `unknown` and obfuscated names are no address.
+fn parse_node(node: &str) -> Option<IpAddr> {
+    if let Some((host, port)) = node.rsplit_once(':') {
+        let obfuscated = port.strip_prefix('_').is_some_and(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        });
+        if obfuscated && (host.starts_with('[') || !host.contains(':')) {
+            return parse_hop(host);
+        }
+    }
+    parse_hop(node)
 }
 
 fn canonical(ip: IpAddr) -> IpAddr {
@@ -315,5 +456,131 @@ mod tests {
         }
         // Garbage left of an untrusted hop is never read.
         assert_eq!(client("unknown, 1.2.3.4"), ip("1.2.3.4"));
+    }
+
+    /// The client a trusted peer's `headers` name.
+    fn trusted_client(headers: &[(&str, &str)]) -> IpAddr {
+        let a = auth("", &["10.0.0.0/8"]);
+        let mut h = HeaderMap::new();
+        for (name, value) in headers {
+            h.append(
+                http::header::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        a.client_ip("10.0.0.1".parse().unwrap(), &h)
+    }
+
+    #[test]
+    fn forwarded_nodes_read_like_forwarded_for_hops() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let client = |f: &str| trusted_client(&[("forwarded", f)]);
+        for (value, want) in [
+            ("for=203.0.113.7", "203.0.113.7"),
+            ("For=203.0.113.7;proto=https", "203.0.113.7"),
+            (
+                "proto=https;FOR=\"203.0.113.7:8080\";by=10.0.0.1",
+                "203.0.113.7",
+            ),
+            ("for=\"[2001:db8::1]\"", "2001:db8::1"),
+            ("for=\"[2001:db8::1]:443\"", "2001:db8::1"),
+            ("for=\"203.0.113.7:_port\"", "203.0.113.7"),
+            // Unquoted, as some proxies write them.
+            ("for=203.0.113.7:80", "203.0.113.7"),
+            ("for=2001:db8::1", "2001:db8::1"),
+            // Right to left, trusted nodes skipped, the first untrusted wins.
+            ("for=6.6.6.6, for=203.0.113.7", "203.0.113.7"),
+            ("for=203.0.113.7;host=a.test, for=10.0.0.9", "203.0.113.7"),
+            ("for=10.0.0.8, for=10.0.0.9", "10.0.0.8"),
+            // Garbage left of an untrusted node is never read.
+            ("for=unknown, for=203.0.113.7", "203.0.113.7"),
+            // A quoted comma or semicolon does not split.
+            ("for=203.0.113.7;host=\"a,for=6.6.6.6;b\"", "203.0.113.7"),
+            ("host=\"x\\\",for=6.6.6.6\";for=203.0.113.7", "203.0.113.7"),
+            ("for=203.0.113.7,, ,", "203.0.113.7"),
+        ] {
+            assert_eq!(client(value), ip(want), "{value}");
+        }
+        // Never the trusted proxy itself, nor a node the value did not name.
+        for garbage in [
+            "for=unknown",
+            "for=_hidden",
+            "for=\"_hidden:80\"",
+            "for=\"[2001:db8::1\"",
+            "for=203.0.113.7:port",
+            "for=",
+            "for=\"\"",
+            "proto=https",
+            "for=203.0.113.7, proto=https",
+            "for=10.0.0.9;for=203.0.113.7",
+            "for=\"203.0.113.7",
+            "for=\"6.6.6.6, for=203.0.113.7",
+            "for=\"6.6.6.6\\\", for=203.0.113.7",
+            "for=6.6.6.6\", for=\"203.0.113.7",
+            "for=\"203.0.113.7\"x",
+            "for=\"203\\.0.113.7\"",
+            "for=203.0.113.7 6.6.6.6",
+            "for = 203.0.113.7",
+            "for=203.0.113.7;junk",
+            "for=10.0.0.9, for=unknown",
+        ] {
+            assert_eq!(client(garbage), UNKNOWN_CLIENT, "{garbage}");
+        }
+        // Several field lines are one list; one that does not parse spoils it.
+        let lines = [
+            ("forwarded", "for=6.6.6.6"),
+            ("forwarded", "for=203.0.113.7"),
+        ];
+        assert_eq!(trusted_client(&lines), ip("203.0.113.7"));
+        let lines = [
+            ("forwarded", "for=\"6.6.6.6"),
+            ("forwarded", "for=203.0.113.7\""),
+        ];
+        assert_eq!(trusted_client(&lines), UNKNOWN_CLIENT);
+        // From an untrusted peer it is not read.
+        let mut h = HeaderMap::new();
+        h.insert("forwarded", "for=203.0.113.7".parse().unwrap());
+        let peer: IpAddr = "198.51.100.1".parse().unwrap();
+        assert_eq!(auth("", &["10.0.0.0/8"]).client_ip(peer, &h), peer);
+    }
+
+    #[test]
+    fn a_trusted_peer_without_a_chain_is_not_its_clients_address() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // `X-Real-IP` alone is never believed, nor taken for the proxy's own request.
+        assert_eq!(
+            trusted_client(&[("x-real-ip", "203.0.113.7")]),
+            UNKNOWN_CLIENT
+        );
+        assert_eq!(trusted_client(&[("x-real-ip", "10.0.0.1")]), UNKNOWN_CLIENT);
+        // No field at all: the proxy's own request.
+        assert_eq!(trusted_client(&[]), ip("10.0.0.1"));
+        // An empty chain is none.
+        assert_eq!(trusted_client(&[("x-forwarded-for", "")]), ip("10.0.0.1"));
+        assert_eq!(
+            trusted_client(&[("x-forwarded-for", " , "), ("x-real-ip", "203.0.113.7")]),
+            UNKNOWN_CLIENT
+        );
+        assert_eq!(
+            trusted_client(&[("x-forwarded-for", ""), ("forwarded", "for=203.0.113.7")]),
+            ip("203.0.113.7")
+        );
+        // With a chain, `X-Real-IP` is not read.
+        assert_eq!(
+            trusted_client(&[("x-forwarded-for", "203.0.113.7"), ("x-real-ip", "6.6.6.6")]),
+            ip("203.0.113.7")
+        );
+        // Both chains: read when they agree; a client's forged one does not pass through a proxy
+        // that writes only the other.
+        let both =
+            |xff: &str, fwd: &str| trusted_client(&[("x-forwarded-for", xff), ("forwarded", fwd)]);
+        assert_eq!(both("203.0.113.7", "for=203.0.113.7"), ip("203.0.113.7"));
+        assert_eq!(
+            both("6.6.6.6, 203.0.113.7", "for=\"203.0.113.7:1234\""),
+            ip("203.0.113.7")
+        );
+        assert_eq!(both("10.0.0.1", "for=203.0.113.7"), UNKNOWN_CLIENT);
+        assert_eq!(both("203.0.113.7", "for=10.0.0.1"), UNKNOWN_CLIENT);
+        assert_eq!(both("203.0.113.7", "for=\"203.0.113.7"), UNKNOWN_CLIENT);
     }
 }

@@ -1291,3 +1291,54 @@ async fn a_password_free_server_is_no_open_proxy_behind_an_untrusted_front_proxy
     assert_eq!(r.status, 200);
     assert_eq!(r.body.unwrap(), "hello");
 }
+
+/// Finding: only `X-Forwarded-For` was read from a trusted proxy, so behind one that writes
+/// `X-Real-IP` alone (nginx's common `proxy_set_header X-Real-IP $remote_addr`) or `Forwarded`
+/// alone (HAProxy's `option forwarded`) every client was the proxy itself: listed as trusted on
+/// this host, every client elsewhere was local, and a password-free sluice an open proxy with open
+/// admin endpoints. Now `Forwarded` is read as `X-Forwarded-For` is, `X-Real-IP` alone makes the
+/// client unknown (refused), and an `X-Forwarded-For` a client forged through a proxy that writes
+/// only `Forwarded` does not pass for local.
+#[tokio::test]
+async fn a_password_free_server_reads_forwarded_and_never_x_real_ip_alone() {
+    let origin = Origin::start().await;
+    let mut config = test_config();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    let s = Sluice::start(config).await;
+    let stream = format!("/proxy/stream?d={}", enc(&origin.url("/small")));
+    let refused: [&[(&str, &str)]; 5] = [
+        &[("x-real-ip", "203.0.113.7")],
+        &[("forwarded", "for=203.0.113.7")],
+        &[("forwarded", "for=\"203.0.113.7:4711\";proto=https")],
+        &[("forwarded", "for=unknown")],
+        // Forged by the client, passed by a proxy that writes `Forwarded` only.
+        &[
+            ("x-forwarded-for", "127.0.0.1"),
+            ("forwarded", "for=203.0.113.7"),
+        ],
+    ];
+    for via in refused {
+        for path in [stream.as_str(), "/metrics"] {
+            let r = request("GET", &s.url(path), via).await;
+            assert_eq!(r.status, 403, "{path} via {via:?}");
+            let body = String::from_utf8_lossy(&r.body.unwrap_or_default()).into_owned();
+            assert!(body.contains("no password"), "{path}: {body}");
+        }
+    }
+    assert!(
+        origin.seen.lock().unwrap().is_empty(),
+        "a client elsewhere had sluice fetch for it"
+    );
+    // This machine's client, as the trusted proxy names it in `Forwarded`: local.
+    let local: [&[(&str, &str)]; 2] = [
+        &[("forwarded", "for=127.0.0.1")],
+        &[("forwarded", "proto=http;For=\"127.0.0.1:5555\"")],
+    ];
+    for via in local {
+        let r = request("GET", &s.url("/metrics"), via).await;
+        assert_eq!(r.status, 200, "/metrics via {via:?}");
+    }
+    let r = request("GET", &s.url(&stream), local[0]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), "hello");
+}
