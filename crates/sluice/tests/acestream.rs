@@ -1,6 +1,7 @@
 //! `/proxy/acestream/*` against a scripted Acestream engine on 127.0.0.1:0: two viewers share one
 //! engine session, neither stalls the other, the session stops after the last viewer plus the
-//! linger; HLS, status, HEAD and bad input.
+//! linger; HLS, status, HEAD and bad input; a viewer leaving while the engine starts; unknown
+//! ids; a slow or hanging engine behind status.
 
 mod support;
 
@@ -22,6 +23,23 @@ use tokio::net::TcpListener;
 
 const PW: &str = "ace-api-password-5521";
 const ID: &str = "0123456789abcdef0123456789abcdef01234567";
+/// Another channel the engine knows.
+const OTHER: &str = "fedcba9876543210fedcba9876543210fedcba98";
+/// A channel whose `getstream` the engine answers after [`SLOW_START`].
+const SLOW: &str = "5555555555555555555555555555555555555555";
+const SLOW_START: Duration = Duration::from_secs(1);
+/// Well-formed, but the engine does not know it: `{"error": ...}`.
+const UNKNOWN: &str = "dddddddddddddddddddddddddddddddddddddddd";
+/// The engine answers it with something that is not its JSON.
+const GARBLED: &str = "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
+/// Channels whose `stat` the engine answers only once all three are asked at the same time.
+const TOGETHER: [&str; 3] = [
+    "a000000000000000000000000000000000000000",
+    "a111111111111111111111111111111111111111",
+    "a222222222222222222222222222222222222222",
+];
+/// A channel whose `stat` the engine never answers.
+const HANGING: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 const CHUNK: usize = 188 * 40;
 const CHUNKS: usize = 600;
 
@@ -31,6 +49,9 @@ struct Counts {
     manifest: AtomicUsize,
     playback: AtomicUsize,
     stop: AtomicUsize,
+    /// `stat` requests for the [`TOGETHER`] channels so far, and their wake-up.
+    together: AtomicUsize,
+    all_together: tokio::sync::Notify,
 }
 
 fn stream_bytes() -> Bytes {
@@ -51,7 +72,7 @@ async fn engine() -> (SocketAddr, Arc<Counts>) {
             tokio::spawn(async move {
                 let svc = service_fn(move |req: Request<Incoming>| {
                     let c = c.clone();
-                    async move { Ok::<_, Infallible>(engine_answer(req, &c)) }
+                    async move { Ok::<_, Infallible>(engine_answer(req, &c).await) }
                 });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), svc)
@@ -68,28 +89,46 @@ fn full(body: impl Into<Bytes>) -> BoxBody {
         .boxed()
 }
 
-fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> {
-    let path = req.uri().path().to_string();
-    let query = req.uri().query().unwrap_or("").to_string();
+/// The engine's answer to opening a session for the channel `id` asks for.
+async fn engine_session(query: &str, kind: &str) -> Response<BoxBody> {
     // The engine names itself by an address the proxy must not trust.
     let me = "http://engine.internal:6878";
-    let session = |kind: &str, playback: &str| {
-        format!(
-            r#"{{"response":{{"playback_url":"{me}{playback}","stat_url":"{me}/ace/stat/{ID}/{kind}","command_url":"{me}/ace/cmd/{ID}/{kind}","infohash":"{ID}","playback_session_id":"{kind}","is_live":1,"is_encrypted":0}},"error":null}}"#
-        )
+    let id = url::form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "id")
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default();
+    let playback = match kind {
+        "s1" => format!("/ace/r/{id}/s1"),
+        _ => format!("/ace/m/{id}/h1.m3u8"),
     };
+    let body = match id.as_str() {
+        UNKNOWN => r#"{"response":null,"error":"missing content"}"#.to_string(),
+        GARBLED => "<html>engine busy</html>".to_string(),
+        _ => {
+            if id == SLOW && kind == "s1" {
+                tokio::time::sleep(SLOW_START).await;
+            }
+            format!(
+                r#"{{"response":{{"playback_url":"{me}{playback}","stat_url":"{me}/ace/stat/{id}/{kind}","command_url":"{me}/ace/cmd/{id}/{kind}","infohash":"{id}","playback_session_id":"{kind}","is_live":1,"is_encrypted":0}},"error":null}}"#
+            )
+        }
+    };
+    Response::new(full(body))
+}
+
+async fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> {
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
     match path.as_str() {
-        "/ace/getstream"
-            if query.contains(&format!("id={ID}")) && query.contains("format=json") =>
-        {
+        "/ace/getstream" if query.contains("format=json") => {
             c.getstream.fetch_add(1, Ordering::SeqCst);
-            Response::new(full(session("s1", &format!("/ace/r/{ID}/s1"))))
+            engine_session(&query, "s1").await
         }
-        "/ace/manifest.m3u8" if query.contains(&format!("id={ID}")) => {
+        "/ace/manifest.m3u8" => {
             c.manifest.fetch_add(1, Ordering::SeqCst);
-            Response::new(full(session("h1", &format!("/ace/m/{ID}/h1.m3u8"))))
+            engine_session(&query, "h1").await
         }
-        p if p == format!("/ace/r/{ID}/s1") => {
+        p if p.starts_with("/ace/r/") && p.ends_with("/s1") => {
             c.playback.fetch_add(1, Ordering::SeqCst);
             // A live stream: chunks paced, bounded in count.
             let data = stream_bytes();
@@ -109,7 +148,7 @@ fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> {
                 .body(BodyExt::boxed(StreamBody::new(body)))
                 .unwrap()
         }
-        p if p == format!("/ace/m/{ID}/h1.m3u8") => Response::new(full(
+        p if p.starts_with("/ace/m/") && p.ends_with("/h1.m3u8") => Response::new(full(
             // As a real engine names them: segments under `/ace/c/<playback session>/`.
             "#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXT-X-MEDIA-SEQUENCE:5\n#EXTINF:2.0,\n/ace/c/h1/5.ts\n",
         )),
@@ -117,6 +156,29 @@ fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> {
             .header("content-type", "video/mp2t")
             .body(full(pattern(188 * 4)))
             .unwrap(),
+        p if p.starts_with(&format!("/ace/stat/{HANGING}/")) => {
+            std::future::pending::<()>().await;
+            unreachable!()
+        }
+        p if TOGETHER
+            .iter()
+            .any(|id| p.starts_with(&format!("/ace/stat/{id}/"))) =>
+        {
+            c.together.fetch_add(1, Ordering::SeqCst);
+            loop {
+                let all = c.all_together.notified();
+                let mut all = std::pin::pin!(all);
+                all.as_mut().enable();
+                if c.together.load(Ordering::SeqCst) >= TOGETHER.len() {
+                    c.all_together.notify_waiters();
+                    break;
+                }
+                all.await;
+            }
+            Response::new(full(
+                r#"{"response":{"status":"dl","peers":7,"speed_down":1200,"speed_up":40,"downloaded":123456},"error":null}"#,
+            ))
+        }
         p if p.starts_with("/ace/stat/") => Response::new(full(
             r#"{"response":{"status":"dl","peers":7,"speed_down":1200,"speed_up":40,"downloaded":123456},"error":null}"#,
         )),
@@ -137,9 +199,16 @@ async fn setup(linger: u64) -> (SocketAddr, Arc<Counts>, Sluice) {
 
 /// `allow_private: false` is the default: the engine on 127.0.0.1 must still be reachable.
 async fn setup_guarded(linger: u64, allow_private: bool) -> (SocketAddr, Arc<Counts>, Sluice) {
+    setup_with(linger, |c| c.upstream.allow_private = allow_private).await
+}
+
+async fn setup_with(
+    linger: u64,
+    change: impl FnOnce(&mut sluice::config::Config),
+) -> (SocketAddr, Arc<Counts>, Sluice) {
     let (addr, counts) = engine().await;
     let mut c = test_config();
-    c.upstream.allow_private = allow_private;
+    change(&mut c);
     c.auth.api_password = PW.into();
     c.media.acestream.engine_url = format!("http://{addr}");
     c.media.acestream.linger_secs = linger;
@@ -321,6 +390,22 @@ async fn hls_manifest_head_and_bad_input() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.headers["content-type"], "video/mp2t");
     assert_eq!(counts.getstream.load(Ordering::SeqCst), 0);
+    // Nor on the playlist, for a channel with no session open yet.
+    let r = request(
+        "HEAD",
+        &s.url(&format!(
+            "/proxy/acestream/manifest.m3u8?id={OTHER}&api_password={PW}"
+        )),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["content-type"], "application/vnd.apple.mpegurl");
+    assert_eq!(
+        counts.manifest.load(Ordering::SeqCst),
+        1,
+        "a HEAD started an engine session"
+    );
 
     for q in ["id=xyz", "", &format!("id={ID}&infohash={ID}")] {
         let r = get(&s.url(&format!("/proxy/acestream/stream?{q}&api_password={PW}"))).await;
@@ -329,4 +414,150 @@ async fn hls_manifest_head_and_bad_input() {
     let r = get(&s.url(&format!("/proxy/acestream/stream?id={ID}"))).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert_eq!(counts.getstream.load(Ordering::SeqCst), 0);
+}
+
+/// A viewer that hangs up while the engine is still answering `getstream` (a slow P2P start),
+/// again and again: every engine session opened is told to stop. Cancelling the start with the
+/// viewer's request left the engine's session running, known to nobody, one more per try.
+#[tokio::test]
+async fn a_viewer_leaving_while_the_engine_starts_leaves_no_engine_session() {
+    // No linger: the session closes as soon as its viewer leaves, before the engine answers.
+    let (_engine, counts, s) = setup(0).await;
+    const TRIES: usize = 3;
+    for n in 1..=TRIES {
+        let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+        let req = format!(
+            "GET /proxy/acestream/stream?id={SLOW}&api_password={PW} HTTP/1.1\r\nhost: x\r\n\r\n"
+        );
+        tokio::io::AsyncWriteExt::write_all(&mut conn, req.as_bytes())
+            .await
+            .unwrap();
+        // The engine has the request: hang up while it starts.
+        wait_for("getstream", || counts.getstream.load(Ordering::SeqCst) == n).await;
+        drop(conn);
+        // The session is gone before the next try (so each try is a fresh start).
+        let status = s.url(&format!("/proxy/acestream/status?api_password={PW}"));
+        let mut gone = false;
+        for _ in 0..100 {
+            if get(&status).await.body.unwrap() == Bytes::from_static(b"[]") {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(gone, "the session outlived its only viewer");
+    }
+    // Each engine session, once the engine answered, was told to stop.
+    let stopped = wait_until(|| counts.stop.load(Ordering::SeqCst) >= TRIES).await;
+    let (starts, stops) = (
+        counts.getstream.load(Ordering::SeqCst),
+        counts.stop.load(Ordering::SeqCst),
+    );
+    assert!(
+        stopped && starts == stops,
+        "{starts} engine sessions started, {stops} stopped"
+    );
+    assert_eq!(starts, TRIES);
+    assert_eq!(
+        counts.playback.load(Ordering::SeqCst),
+        0,
+        "read a closed session"
+    );
+}
+
+/// Polls `done` for up to 10 s.
+async fn wait_until(done: impl Fn() -> bool) -> bool {
+    for _ in 0..200 {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    done()
+}
+
+async fn wait_for(what: &str, done: impl Fn() -> bool) {
+    assert!(wait_until(done).await, "no {what}");
+}
+
+/// An id the engine does not know is the client's mistake (404); an answer that is not the
+/// engine's JSON is the engine's (502).
+#[tokio::test]
+async fn an_unknown_id_is_not_found_and_a_garbled_answer_a_bad_gateway() {
+    let (_engine, counts, s) = setup(30).await;
+    for endpoint in ["stream", "manifest.m3u8"] {
+        let r = get(&s.url(&format!(
+            "/proxy/acestream/{endpoint}?id={UNKNOWN}&api_password={PW}"
+        )))
+        .await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{endpoint}: {:?}", r.body);
+        let v: Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
+        assert!(v.to_string().contains("missing content"), "{v}");
+        let r = get(&s.url(&format!(
+            "/proxy/acestream/{endpoint}?id={GARBLED}&api_password={PW}"
+        )))
+        .await;
+        assert_eq!(
+            r.status,
+            StatusCode::BAD_GATEWAY,
+            "{endpoint}: {:?}",
+            r.body
+        );
+    }
+    assert_eq!(counts.getstream.load(Ordering::SeqCst), 2);
+    assert_eq!(counts.manifest.load(Ordering::SeqCst), 2);
+    // Nothing is left open by them.
+    let r = get(&s.url(&format!("/proxy/acestream/status?api_password={PW}"))).await;
+    assert_eq!(r.body.unwrap(), Bytes::from_static(b"[]"));
+}
+
+/// `status` asks the engine about every session at once and waits a short while for each: an
+/// engine that answers one `stat` only while the others are asked too answers them all, one
+/// that never answers is left out (`engine: null`) instead of holding the call for the upstream
+/// header timeout per session. A bad `id` is refused, not read as "every session".
+#[tokio::test]
+async fn status_asks_the_engine_about_all_sessions_at_once() {
+    let (_engine, counts, s) = setup_with(30, |c| {
+        c.upstream.allow_private = true;
+        c.upstream.header_timeout_secs = 120;
+    })
+    .await;
+    for id in TOGETHER.iter().chain([&HANGING]) {
+        let r = get(&s.url(&format!(
+            "/proxy/acestream/manifest.m3u8?id={id}&api_password={PW}"
+        )))
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "{id}");
+    }
+    let status = tokio::time::timeout(
+        Duration::from_secs(60),
+        get(&s.url(&format!("/proxy/acestream/status?api_password={PW}"))),
+    )
+    .await
+    .expect("status held by the engine's stat answers");
+    let v: Value = serde_json::from_slice(status.body.as_ref().unwrap()).unwrap();
+    let sessions = v.as_array().unwrap();
+    assert_eq!(sessions.len(), 4);
+    for session in sessions {
+        let content = session["content"].as_str().unwrap();
+        if content == format!("id:{HANGING}") {
+            assert!(session["engine"].is_null(), "{session}");
+        } else {
+            assert_eq!(session["engine"]["peers"], 7, "{session}");
+        }
+    }
+    assert_eq!(counts.together.load(Ordering::SeqCst), 3);
+
+    // One session by its id; a bad id is refused.
+    let one = get(&s.url(&format!(
+        "/proxy/acestream/status?id={}&api_password={PW}",
+        TOGETHER[1]
+    )))
+    .await;
+    let v: Value = serde_json::from_slice(one.body.as_ref().unwrap()).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    for q in ["id=xyz", "infohash=", &format!("id={ID}&infohash={ID}")] {
+        let r = get(&s.url(&format!("/proxy/acestream/status?{q}&api_password={PW}"))).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{q}");
+    }
 }

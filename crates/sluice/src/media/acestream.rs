@@ -41,12 +41,12 @@ pub async fn handle(
         )
     })?;
     match rest {
-        "status" => Ok(status(sessions, ctx).await),
+        "status" => status(sessions, ctx).await,
         "stream" => {
             let content = content(ctx)?;
             if req.method() == Method::HEAD {
                 // A player probing the type must not start a P2P session.
-                return Ok(ts_head());
+                return Ok(head("video/mp2t"));
             }
             let viewer = sessions.join(&content, Kind::Stream, ctx.client_ip).await?;
             let mut resp = Response::new(viewer.into_body());
@@ -58,6 +58,10 @@ pub async fn handle(
         }
         "manifest.m3u8" => {
             let content = content(ctx)?;
+            if req.method() == Method::HEAD {
+                // As for `stream`: a probe starts no P2P session.
+                return Ok(head("application/vnd.apple.mpegurl"));
+            }
             let playlist_url = sessions.touch_hls(&content, ctx.client_ip).await?;
             // The engine's playlist goes through the HLS proxy like any other; the session stays
             // open while players keep refreshing it.
@@ -79,16 +83,23 @@ fn content(ctx: &RequestContext) -> Result<Content, ProxyError> {
         .map_err(|e| ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))
 }
 
-fn ts_head() -> Response<Body> {
+fn head(content_type: &'static str) -> Response<Body> {
     let mut resp = Response::new(body::empty());
     resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("video/mp2t"));
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     resp
 }
 
-/// JSON: every open session, or the one `id`/`infohash` names, with the engine's statistics.
-async fn status(sessions: &Arc<Sessions>, ctx: &RequestContext) -> Response<Body> {
-    let only = content(ctx).ok();
+/// JSON: every open session, or the one `id`/`infohash` names, with the engine's statistics. A
+/// bad `id`/`infohash` is refused (400), not taken as "every session".
+async fn status(
+    sessions: &Arc<Sessions>,
+    ctx: &RequestContext,
+) -> Result<Response<Body>, ProxyError> {
+    let only = match (ctx.query.get("id"), ctx.query.get("infohash")) {
+        (None, None) => None,
+        _ => Some(content(ctx)?),
+    };
     let report = sessions.report(only.as_ref()).await;
     let text = serde_json::to_string(&report).unwrap_or_else(|_| "{}".into());
     let mut resp = Response::new(body::full(text));
@@ -98,5 +109,5 @@ async fn status(sessions: &Arc<Sessions>, ctx: &RequestContext) -> Response<Body
     );
     resp.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    resp
+    Ok(resp)
 }

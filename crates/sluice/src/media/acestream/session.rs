@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::StatusCode;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use serde::Serialize;
-use sluice_media::acestream::{self as engine_api, Content, EngineSession, EngineStat};
-use tokio::sync::{broadcast, OnceCell};
+use sluice_media::acestream::{self as engine_api, AceError, Content, EngineSession, EngineStat};
+use tokio::sync::{broadcast, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use url::Url;
@@ -31,6 +31,9 @@ const TS_PACKET: usize = 188;
 const CHUNK_ESTIMATE: usize = 16 * 1024;
 /// Largest engine API answer read.
 const MAX_API_BYTES: usize = 64 * 1024;
+/// Longest `/proxy/acestream/status` waits for one session's engine statistics (all are asked at
+/// once): a hanging engine leaves them out rather than holding the call.
+const STAT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How a session delivers: one MPEG-TS byte stream, or the engine's HLS playlist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,11 +63,16 @@ struct Session {
     /// Set (under the map lock) once another client joins: the session is then no longer its
     /// opener's to answer for, and leaves its share (as the IPTV hub forgets its starter).
     shared: AtomicBool,
-    /// The engine's answer, fetched once by whichever viewer came first.
-    started: OnceCell<Result<EngineSession, String>>,
+    /// Asking the engine for the session, and its answer: asked once, by a task of its own.
+    start: Mutex<Start>,
+    /// Woken when `start` gets its answer.
+    answered: Notify,
     /// Changed only under the map lock, so joining and the linger check never race.
     viewers: AtomicUsize,
     tx: broadcast::Sender<Bytes>,
+    /// Largest piece sent into `tx`, whole packets: its slots times this stay within
+    /// `buffer_bytes`, whatever the size of the engine's body frames.
+    piece: usize,
     /// Cancelled when the session ends, from either side.
     closed: CancellationToken,
     /// Set by whichever side closes first, so the engine is told to stop once.
@@ -78,6 +86,29 @@ struct Session {
     opened: Instant,
     /// For HLS sessions: the last playlist request.
     touched: Mutex<Instant>,
+}
+
+/// Where asking the engine for a session stands.
+struct Start {
+    state: StartState,
+    /// Whether the engine was told to stop the session (once).
+    stop_sent: bool,
+}
+
+enum StartState {
+    NotAsked,
+    Asking,
+    Answered(Result<EngineSession, ProxyError>),
+}
+
+impl Session {
+    /// The engine's session, once it has answered with one.
+    fn engine(&self) -> Option<EngineSession> {
+        match &lock(&self.start).state {
+            StartState::Answered(Ok(engine)) => Some(engine.clone()),
+            _ => None,
+        }
+    }
 }
 
 /// What `/proxy/acestream/status` reports per session.
@@ -167,6 +198,10 @@ impl Sessions {
                 map.retain(|_, s| !s.closed.is_cancelled());
                 self.make_room(&mut map, client)?;
                 let capacity = (self.config.buffer_bytes / CHUNK_ESTIMATE).max(16);
+                // The channel rounds its slots up to a power of two.
+                let slots = capacity.next_power_of_two();
+                let piece =
+                    (self.config.buffer_bytes / slots / TS_PACKET * TS_PACKET).max(TS_PACKET);
                 let (tx, _) = broadcast::channel(capacity);
                 let s = Arc::new(Session {
                     key: key.clone(),
@@ -174,9 +209,14 @@ impl Sessions {
                     content: content.clone(),
                     client,
                     shared: AtomicBool::new(false),
-                    started: OnceCell::new(),
+                    start: Mutex::new(Start {
+                        state: StartState::NotAsked,
+                        stop_sent: false,
+                    }),
+                    answered: Notify::new(),
                     viewers: AtomicUsize::new(0),
                     tx,
+                    piece,
                     closed: CancellationToken::new(),
                     stopping: AtomicBool::new(false),
                     lingering: AtomicBool::new(false),
@@ -246,35 +286,65 @@ impl Sessions {
         }
     }
 
-    /// Asks the engine for the session once; the stream kind also starts its reader.
+    /// The engine's answer for the session, asked once. The asking runs in a task of its own,
+    /// so a viewer who hangs up meanwhile cancels nothing: an engine session the engine opened
+    /// is always known, and so told to stop.
     async fn ensure_started(
         self: &Arc<Self>,
         session: &Arc<Session>,
     ) -> Result<EngineSession, ProxyError> {
-        let result = session
-            .started
-            .get_or_init(|| async {
-                let started = self
-                    .open_engine_session(&session.content, session.kind)
-                    .await
-                    .map_err(|e| e.message);
-                if let (Ok(s), Kind::Stream) = (&started, session.kind) {
-                    tokio::spawn(self.clone().read(session.clone(), s.clone()));
+        loop {
+            // Registered before looking, so an answer in between is not missed.
+            let answered = session.answered.notified();
+            let mut answered = std::pin::pin!(answered);
+            answered.as_mut().enable();
+            {
+                let mut start = lock(&session.start);
+                match &start.state {
+                    StartState::Answered(result) => return result.clone(),
+                    StartState::Asking => {}
+                    StartState::NotAsked => {
+                        start.state = StartState::Asking;
+                        tokio::spawn(self.clone().start(session.clone()));
+                    }
                 }
-                started
-            })
+            }
+            answered.await;
+        }
+    }
+
+    /// Asks the engine for the session and records its answer; the stream kind also starts its
+    /// reader. A session closed while the engine was answering (its viewers gone, its linger
+    /// over, its place taken) found nothing to stop then: its engine session is stopped now.
+    async fn start(self: Arc<Self>, session: Arc<Session>) {
+        // Should the asking panic (or the runtime drop the task), its waiters get an error
+        // instead of waiting for an answer that never comes.
+        let unanswered = Unanswered(&session);
+        let result = self
+            .open_engine_session(&session.content, session.kind)
             .await;
+        std::mem::forget(unanswered);
+        let closed_meanwhile = {
+            let mut start = lock(&session.start);
+            start.state = StartState::Answered(result.clone());
+            // Under the lock `stop_engine` reads the answer with: either it saw the answer, or
+            // this sees the `stopping` set before it.
+            session.stopping.load(Ordering::SeqCst)
+        };
+        session.answered.notify_waiters();
         match result {
-            Ok(s) => Ok(s.clone()),
-            Err(message) => {
+            Err(_) => {
                 session.closed.cancel();
-                self.forget(session);
-                Err(ProxyError::new(
-                    Side::Upstream,
-                    StatusCode::BAD_GATEWAY,
-                    "acestream_engine",
-                    message.clone(),
-                ))
+                self.forget(&session);
+            }
+            Ok(_) if closed_meanwhile => {
+                tracing::debug!(session = %session.key, "closed while starting: engine told to stop");
+                self.stop_engine(&session).await;
+            }
+            Ok(engine) => {
+                if session.kind == Kind::Stream {
+                    self.read(session, engine).await;
+                }
             }
         }
     }
@@ -306,8 +376,13 @@ impl Sessions {
             .append_pair(name, value)
             .append_pair("pid", &pid);
         let body = self.fetch(url).await?;
-        let mut session =
-            engine_api::parse_session(&body).map_err(|e| engine_error(e.to_string()))?;
+        let mut session = engine_api::parse_session(&body).map_err(|e| match e {
+            // A well-formed id the engine does not know (or cannot find): the client's to fix.
+            AceError::Engine(_) => {
+                ProxyError::downstream(StatusCode::NOT_FOUND, "acestream_content", e.to_string())
+            }
+            _ => engine_error(e.to_string()),
+        })?;
         session.playback_url = self.on_engine(&session.playback_url)?;
         session.stat_url = self.on_engine(&session.stat_url)?;
         session.command_url = self.on_engine(&session.command_url)?;
@@ -340,11 +415,8 @@ impl Sessions {
             return false;
         }
         let map = lock(&self.map);
-        map.values().any(|s| {
-            s.kind == Kind::Hls
-                && !s.closed.is_cancelled()
-                && matches!(s.started.get(), Some(Ok(_)))
-        })
+        map.values()
+            .any(|s| s.kind == Kind::Hls && !s.closed.is_cancelled() && s.engine().is_some())
     }
 
     /// Sends `req` through the engine's client, which the address guard does not stop: only a
@@ -412,16 +484,7 @@ impl Sessions {
                 let Ok(data) = frame.map_err(|e| e.to_string())?.into_data() else {
                     continue;
                 };
-                carry.extend_from_slice(&data);
-                let whole = carry.len() - carry.len() % TS_PACKET;
-                if whole > 0 {
-                    let chunk = carry.split_to(whole).freeze();
-                    session
-                        .bytes
-                        .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                    // No receiver is fine: the session lingers without viewers.
-                    let _ = session.tx.send(chunk);
-                }
+                publish(&session, &mut carry, &data);
             }
         }
         .await;
@@ -441,14 +504,24 @@ impl Sessions {
         self.stop_engine(session).await;
     }
 
-    /// Tells the engine to stop a session that was started (once: callers set `stopping`).
+    /// Tells the engine to stop a session it started, once (callers set `stopping` first). One
+    /// still starting is stopped by its start, when the engine answers.
     async fn stop_engine(&self, session: &Session) {
-        if let Some(Ok(engine)) = session.started.get() {
-            if let Ok(mut url) = Url::parse(&engine.command_url) {
-                url.query_pairs_mut().append_pair("method", "stop");
-                if let Err(e) = self.fetch(url).await {
-                    tracing::debug!(session = %session.key, error = %e.message, "engine stop failed");
+        let command_url = {
+            let mut guard = lock(&session.start);
+            let start = &mut *guard;
+            match &start.state {
+                StartState::Answered(Ok(engine)) if !start.stop_sent => {
+                    start.stop_sent = true;
+                    engine.command_url.clone()
                 }
+                _ => return,
+            }
+        };
+        if let Ok(mut url) = Url::parse(&command_url) {
+            url.query_pairs_mut().append_pair("method", "stop");
+            if let Err(e) = self.fetch(url).await {
+                tracing::debug!(session = %session.key, error = %e.message, "engine stop failed");
             }
         }
     }
@@ -530,26 +603,17 @@ impl Sessions {
         self.linger_tasks.load(Ordering::SeqCst)
     }
 
-    /// Every open session (or the one for `only`), with the engine's statistics.
+    /// Every open session (or the one for `only`), with the engine's statistics: asked for all
+    /// sessions at once, each for at most [`STAT_TIMEOUT`].
     pub async fn report(&self, only: Option<&Content>) -> Vec<SessionReport> {
         let sessions: Vec<Arc<Session>> = lock(&self.map)
             .values()
             .filter(|s| only.is_none_or(|c| &s.content == c))
             .cloned()
             .collect();
+        let stats = futures_util::future::join_all(sessions.iter().map(|s| self.stat(s))).await;
         let mut out = Vec::with_capacity(sessions.len());
-        for s in sessions {
-            let engine = match s.started.get() {
-                Some(Ok(e)) => match Url::parse(&e.stat_url) {
-                    Ok(url) => self
-                        .fetch(url)
-                        .await
-                        .ok()
-                        .and_then(|b| engine_api::parse_stat(&b).ok()),
-                    Err(_) => None,
-                },
-                _ => None,
-            };
+        for (s, engine) in sessions.into_iter().zip(stats) {
             out.push(SessionReport {
                 content: s.content.key(),
                 kind: kind_label(s.kind),
@@ -561,6 +625,50 @@ impl Sessions {
             });
         }
         out
+    }
+
+    /// The engine's statistics for `session`, if it answers them within [`STAT_TIMEOUT`].
+    async fn stat(&self, session: &Session) -> Option<EngineStat> {
+        let url = Url::parse(&session.engine()?.stat_url).ok()?;
+        let body = tokio::time::timeout(STAT_TIMEOUT, self.fetch(url))
+            .await
+            .ok()?
+            .ok()?;
+        engine_api::parse_stat(&body).ok()
+    }
+}
+
+/// Answers a session's start with an error when dropped: set only while the start is asking.
+struct Unanswered<'a>(&'a Session);
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.start).state = StartState::Answered(Err(ProxyError::new(
+            Side::Internal,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "acestream_start",
+            "starting the engine session failed",
+        )));
+        self.0.closed.cancel();
+        self.0.answered.notify_waiters();
+    }
+}
+
+/// Appends `data` to `carry` and sends its whole packets to the viewers in pieces of at most
+/// `session.piece` bytes, each copied into an allocation of its own: the buffer's slots times
+/// the piece bound what it holds, however large the engine's frames (or `carry`) are. The
+/// copy is one more memcpy of a stream's bitrate; a slice would keep all of `carry` alive.
+fn publish(session: &Session, carry: &mut BytesMut, data: &[u8]) {
+    carry.extend_from_slice(data);
+    let whole = carry.len() - carry.len() % TS_PACKET;
+    session.bytes.fetch_add(whole as u64, Ordering::Relaxed);
+    let mut left = whole;
+    while left > 0 {
+        let n = left.min(session.piece);
+        // No receiver is fine: the session lingers without viewers.
+        let _ = session.tx.send(Bytes::copy_from_slice(&carry[..n]));
+        carry.advance(n);
+        left -= n;
     }
 }
 
@@ -891,6 +999,49 @@ mod tests {
             .expect("a watched HLS channel was closed for room");
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(open_ids(&pool).await, [content(1).key(), content(2).key()]);
+    }
+
+    /// The engine's body frames can be far larger than the chunk the buffer is sized by (up to
+    /// `upstream.read_buffer_bytes`): what a viewer that stopped reading holds back stays within
+    /// `buffer_bytes` however large they are, in whole packets.
+    #[tokio::test]
+    async fn the_buffer_holds_buffer_bytes_whatever_the_frame_size() {
+        for buffer_bytes in [64 * 1024, 1024 * 1024 + 5, 4 * 1024 * 1024] {
+            let mut pool = sessions("http://127.0.0.1:9", 600, 4);
+            Arc::get_mut(&mut pool).unwrap().config.buffer_bytes = buffer_bytes;
+            let session = pool
+                .enter(&content(1), Kind::Stream, ip("192.0.2.7"))
+                .unwrap();
+            let mut rx = session.tx.subscribe();
+            let mut carry = BytesMut::new();
+            // 1 MiB frames, and an odd one that leaves part of a packet for the next.
+            let frame = vec![0x47u8; 1024 * 1024];
+            publish(&session, &mut carry, &frame[..1000]);
+            for _ in 0..12 {
+                publish(&session, &mut carry, &frame);
+            }
+            let mut held = 0;
+            loop {
+                match rx.try_recv() {
+                    Ok(piece) => {
+                        assert_eq!(piece.len() % TS_PACKET, 0);
+                        held += piece.len();
+                    }
+                    Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                    Err(_) => break,
+                }
+            }
+            assert!(
+                held <= buffer_bytes,
+                "{held} bytes buffered for buffer_bytes {buffer_bytes}"
+            );
+            let sent = 1000 + 12 * 1024 * 1024;
+            assert_eq!(carry.len(), sent % TS_PACKET);
+            assert_eq!(
+                session.bytes.load(Ordering::Relaxed),
+                (sent - carry.len()) as u64
+            );
+        }
     }
 
     #[tokio::test]
