@@ -3,6 +3,7 @@
 
 pub mod browser;
 pub mod config;
+pub mod guesses;
 pub mod reuse;
 pub mod token;
 
@@ -147,7 +148,8 @@ impl Auth {
     /// nodes of `Forwarded` (RFC 7239). A hop is an address, or an address with a port
     /// (`1.2.3.4:5678`, `[2001:db8::1]:443`, as some proxies write it). A hop that is neither
     /// (`unknown`, an obfuscated `_name`, garbage), a `Forwarded` that does not parse, or chains in
-    /// both fields that name different clients make the client unknown: [`UNKNOWN_CLIENT`], which
+    /// both fields that name different clients past the trusted proxies make the client unknown
+    /// (when only one reaches past them, it names the client): [`UNKNOWN_CLIENT`], which
     /// no allow-list entry but `0.0.0.0/0` holds and no token binding matches, never the trusted
     /// proxy's own address. So does an `X-Real-IP` without either field: a proxy that does not set
     /// it passes the client's own, so it is never read.
@@ -158,21 +160,40 @@ impl Auth {
         let from_xff = self.forwarded_for(peer, headers);
         let from_forwarded = self.forwarded(peer, headers);
         match (from_xff, from_forwarded) {
-            (Some(x), Some(f)) if x == f => x,
-            // One field forged by the client, passed by a proxy that writes only the other.
+            (Some(x), Some(f)) if canonical(x.client) == canonical(f.client) => x.client,
+            // Only one chain reaches past the trusted proxies: the one a trusted proxy appended
+            // its client to. (A tier that writes only `X-Forwarded-For` in front of one that
+            // writes both leaves `Forwarded` naming proxies alone; a client's forged field can
+            // win only where the genuine one names proxies alone, which it cannot know.)
+            (Some(x), Some(f)) if x.reached != f.reached => {
+                if x.reached {
+                    x.client
+                } else {
+                    f.client
+                }
+            }
+            // Both name different clients: one forged by the client, passed by a proxy that
+            // writes only the other.
             (Some(_), Some(_)) => UNKNOWN_CLIENT,
-            (Some(client), None) | (None, Some(client)) => client,
-            (None, None) if headers.contains_key("x-real-ip") => UNKNOWN_CLIENT,
+            (Some(chain), None) | (None, Some(chain)) => chain.client,
+            // A `Forwarded` naming no node (`proto=https;host=...` alone) or an `X-Real-IP`
+            // without a chain: never the proxy's own address.
+            (None, None)
+                if headers.contains_key("x-real-ip")
+                    || headers.contains_key(http::header::FORWARDED) =>
+            {
+                UNKNOWN_CLIENT
+            }
             (None, None) => peer,
         }
     }
 
     /// The client `X-Forwarded-For` names (`None` when it names no hop at all).
-    fn forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpAddr> {
+    fn forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> Option<Walked> {
         let mut lines = Vec::new();
         for value in headers.get_all("x-forwarded-for") {
             let Ok(line) = value.to_str() else {
-                return Some(UNKNOWN_CLIENT);
+                return Some(Walked::UNREADABLE);
             };
             lines.push(line);
         }
@@ -186,38 +207,65 @@ impl Auth {
         (!hops.is_empty()).then(|| self.walk(peer, hops))
     }
 
-    /// The client the `for=` nodes of `Forwarded` name (`None` when it has no element at all).
-    fn forwarded(&self, peer: IpAddr, headers: &HeaderMap) -> Option<IpAddr> {
+    /// The client the `for=` nodes of `Forwarded` name (`None` when no element has a `for`
+    /// parameter: a proxy writing only `proto` and `host` beside `X-Forwarded-For`).
+    fn forwarded(&self, peer: IpAddr, headers: &HeaderMap) -> Option<Walked> {
         let mut nodes = Vec::new();
+        let mut any_for = false;
         for value in headers.get_all(http::header::FORWARDED) {
             let Some(line) = value.to_str().ok().and_then(forwarded_nodes) else {
-                return Some(UNKNOWN_CLIENT);
+                return Some(Walked::UNREADABLE);
             };
-            nodes.extend(line);
+            for (has_for, node) in line {
+                any_for |= has_for;
+                nodes.push(node);
+            }
         }
-        (!nodes.is_empty()).then(|| self.walk(peer, nodes))
+        any_for.then(|| self.walk(peer, nodes))
     }
 
     /// Walks a chain right to left from the trusted `peer`: the first untrusted node, else the
     /// left-most; an unreadable node reached first makes the client unknown.
-    fn walk(&self, peer: IpAddr, nodes: Vec<Option<IpAddr>>) -> IpAddr {
+    fn walk(&self, peer: IpAddr, nodes: Vec<Option<IpAddr>>) -> Walked {
         let mut client = peer;
         for node in nodes.into_iter().rev() {
             let Some(ip) = node else {
-                return UNKNOWN_CLIENT;
+                return Walked::UNREADABLE;
             };
             client = ip;
             if !self.is_trusted(ip) {
-                break;
+                return Walked {
+                    client,
+                    reached: true,
+                };
             }
         }
-        client
+        Walked {
+            client,
+            reached: false,
+        }
     }
 
     pub fn is_trusted(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
         self.trusted.iter().any(|net| net.contains(&ip))
     }
+}
+
+/// Where a forwarding chain, read right to left, led.
+#[derive(Debug, Clone, Copy)]
+struct Walked {
+    client: IpAddr,
+    /// Whether it reached a node that is not a trusted proxy (or one it could not read): a
+    /// client rather than the left-most of the proxies.
+    reached: bool,
+}
+
+impl Walked {
+    const UNREADABLE: Walked = Walked {
+        client: UNKNOWN_CLIENT,
+        reached: true,
+    };
 }
 
 /// The client address of a request whose forwarding chain is unreadable: the unspecified address.
@@ -235,12 +283,12 @@ fn parse_hop(hop: &str) -> Option<IpAddr> {
     v6.parse::<std::net::Ipv6Addr>().ok().map(IpAddr::V6)
 }
 
-/// The `for=` node of each element of one `Forwarded` field line, left to right: `None` for an
-/// element without one, or whose node is not an address (`unknown`, an obfuscated `_name`,
+/// Each element of one `Forwarded` field line, left to right: whether it has a `for` parameter,
+/// and its node: `None` for an element without one, or whose node is not an address (`unknown`, an obfuscated `_name`,
 /// garbage). `None` for the whole line when it does not parse: a quoted string left open or a
 /// character outside one that no value holds (a client's fragment must not swallow or reshape
 /// the element its proxy appended), a pair without `=`, or `for` twice in one element.
-fn forwarded_nodes(line: &str) -> Option<Vec<Option<IpAddr>>> {
+fn forwarded_nodes(line: &str) -> Option<Vec<(bool, Option<IpAddr>)>> {
     let mut nodes = Vec::new();
     for element in split_unquoted(line, b',')? {
         if element.trim().is_empty() {
@@ -270,7 +318,7 @@ fn forwarded_nodes(line: &str) -> Option<Vec<Option<IpAddr>>> {
                 node = Some((!value.contains('\\')).then(|| parse_node(value)).flatten());
             }
         }
-        nodes.push(node.flatten());
+        nodes.push((node.is_some(), node.flatten()));
     }
     Some(nodes)
 }
@@ -579,8 +627,39 @@ mod tests {
             both("6.6.6.6, 203.0.113.7", "for=\"203.0.113.7:1234\""),
             ip("203.0.113.7")
         );
-        assert_eq!(both("10.0.0.1", "for=203.0.113.7"), UNKNOWN_CLIENT);
-        assert_eq!(both("203.0.113.7", "for=10.0.0.1"), UNKNOWN_CLIENT);
+        assert_eq!(both("6.6.6.6", "for=203.0.113.7"), UNKNOWN_CLIENT);
+        assert_eq!(both("203.0.113.7", "for=6.6.6.6"), UNKNOWN_CLIENT);
         assert_eq!(both("203.0.113.7", "for=\"203.0.113.7"), UNKNOWN_CLIENT);
+        // When only one chain reaches past the trusted proxies, it names the client: a forged
+        // trusted address in the other cannot pass, and a tier writing only `X-Forwarded-For` in
+        // front of one writing both leaves `Forwarded` naming proxies alone.
+        assert_eq!(both("10.0.0.9", "for=203.0.113.7"), ip("203.0.113.7"));
+        assert_eq!(both("203.0.113.7", "for=10.0.0.9"), ip("203.0.113.7"));
+        assert_eq!(
+            both("203.0.113.7, 10.0.0.2", "for=10.0.0.2"),
+            ip("203.0.113.7")
+        );
+        // Two chains of proxies alone that disagree: no client.
+        assert_eq!(both("10.0.0.9", "for=10.0.0.8"), UNKNOWN_CLIENT);
+        // The same address spelled IPv4-mapped in one.
+        assert_eq!(
+            both("::ffff:203.0.113.7", "for=203.0.113.7"),
+            ip("::ffff:203.0.113.7")
+        );
+        // A `Forwarded` naming no node (a proxy writing `proto` and `host` beside
+        // `X-Forwarded-For`) leaves the chain to `X-Forwarded-For`; alone, no client.
+        assert_eq!(
+            both("203.0.113.7", "proto=https;host=a.example"),
+            ip("203.0.113.7")
+        );
+        assert_eq!(
+            trusted_client(&[("forwarded", "proto=https;host=a.example")]),
+            UNKNOWN_CLIENT
+        );
+        // One element with `for`, a later one without: the chain is unreadable from there.
+        assert_eq!(
+            trusted_client(&[("forwarded", "for=127.0.0.1, proto=https")]),
+            UNKNOWN_CLIENT
+        );
     }
 }
