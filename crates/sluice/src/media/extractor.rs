@@ -374,7 +374,11 @@ impl Extractors {
         let found = match self.extract(index, page, extra, deadline).await {
             Ok(found) => found,
             Err(e) => {
-                self.fail(key, &e);
+                // No slot within its wait is this request's own lot: those waiting behind it
+                // wait for a slot themselves rather than take its refusal.
+                if e.kind != "extractor_busy" {
+                    self.fail(key, &e);
+                }
                 return Err(e);
             }
         };
@@ -582,8 +586,10 @@ fn mask_urls_in(text: &str) -> String {
     while let Some(at) = rest.find("://") {
         // The scheme: the letters, digits, `+`, `-` and `.` right before `://`.
         let start = rest[..at]
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
-            .map_or(0, |i| i + 1);
+            .char_indices()
+            .rev()
+            .find(|&(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .map_or(0, |(i, c)| i + c.len_utf8());
         let end = rest[at..]
             .find(|c: char| c.is_whitespace() || c.is_control() || "\"'<>`".contains(c))
             .map_or(rest.len(), |i| at + i);
@@ -770,6 +776,20 @@ mod tests {
         );
         assert!(logged.contains("'http://cdn.example/a.m3u8?sig=****' (404)"));
         assert_eq!(mask_urls_in("no url: a://"), "no url: a://");
+        // A wide character right before the scheme (quotes, a lossy byte) is not cut into.
+        for (text, kept) in [
+            ("«https://x.example/p?t=SECRET3»", "«https://x.example/p?t="),
+            (
+                "\u{FFFD}http://x.example/?sig=SECRET4",
+                "\u{FFFD}http://x.example/?sig=",
+            ),
+        ] {
+            let logged = mask_urls_in(text);
+            assert!(
+                logged.starts_with(kept) && !logged.contains("SECRET"),
+                "{logged}"
+            );
+        }
     }
 
     #[test]
