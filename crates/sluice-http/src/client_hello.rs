@@ -23,9 +23,8 @@ const EXT_ALPN: u16 = 16;
 /// What routing needs from a ClientHello.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClientHello {
-    /// The `host_name` from server_name, lowercased; `None` when the client sent none, or one
-    /// that is not a DNS host name (an IP literal, `*`, a space...): such a hello is routed as one
-    /// without a name, not refused.
+    /// The `host_name` from server_name, lowercased; `None` when the client sent none, or an
+    /// IPv6 literal: such a hello is routed as one without a name, not refused.
     pub server_name: Option<String>,
     /// Protocols offered by ALPN, in the client's order.
     pub alpn: Vec<Vec<u8>>,
@@ -226,31 +225,51 @@ fn parse_server_name(data: &[u8]) -> Result<Option<String>, Error> {
                 return Err(Error::Malformed("two host names"));
             }
             seen = true;
-            found = host_name(name);
+            found = host_name(name)?;
         }
     }
     Ok(found)
 }
 
 /// A DNS host name: letters, digits, '-', '.', '_' (seen in the wild), 1..=253 bytes, lowercased.
-/// Anything else (an IP literal such as `fe80::1`, `*`, a space, a non-ASCII byte) is no name:
-/// the hello itself is well formed, so it goes where a hello without SNI goes. Before, such a
-/// name made the whole hello malformed and an SNI-routing listener refused the connection.
-fn host_name(raw: &[u8]) -> Option<String> {
+/// An IPv6 literal (`fe80::1`, `[2001:db8::1]`), which some clients send against RFC 6066, is no
+/// name: the hello goes where a hello without SNI goes (before, an SNI-routing listener refused
+/// the connection). Anything else (`*`, a space, `name:443`, a non-ASCII byte) is malformed:
+/// a backend reading the raw name its own way (nginx drops a `:port`) must not be reached by a
+/// name the routing could not read.
+fn host_name(raw: &[u8]) -> Result<Option<String>, Error> {
     let ok = !raw.is_empty()
         && raw.len() <= 253
         && raw
             .iter()
             .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
     if !ok {
-        return None;
+        return match is_ipv6_literal(raw) {
+            true => Ok(None),
+            false => Err(Error::Malformed("server_name is not a DNS host name")),
+        };
     }
     let mut name = String::from_utf8_lossy(raw).to_ascii_lowercase();
     if name.ends_with('.') {
         name.pop();
     }
-    // "." alone names nothing either.
-    (!name.is_empty()).then_some(name)
+    // "." alone names nothing.
+    match name.is_empty() {
+        true => Err(Error::Malformed("server_name is not a DNS host name")),
+        false => Ok(Some(name)),
+    }
+}
+
+/// An IPv6 address, bare or in brackets.
+fn is_ipv6_literal(raw: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(raw) else {
+        return false;
+    };
+    let bare = text
+        .strip_prefix('[')
+        .and_then(|t| t.strip_suffix(']'))
+        .unwrap_or(text);
+    bare.parse::<std::net::Ipv6Addr>().is_ok()
 }
 
 fn parse_alpn(data: &[u8]) -> Result<Vec<Vec<u8>>, Error> {

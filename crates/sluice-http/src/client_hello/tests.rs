@@ -133,19 +133,9 @@ fn garbage_is_refused_early() {
 /// `None`, as without the extension. Before, it was `Malformed` and an SNI-routing `[[tcp]]`
 /// listener refused the connection as `not_tls` instead of sending it to its default upstream.
 #[test]
-fn a_name_that_is_not_a_host_name_is_no_name() {
+fn an_ipv6_literal_is_no_name_and_other_odd_names_are_malformed() {
     let long = vec![b'a'; 254];
-    for name in [
-        &b"fe80::1"[..],
-        b"[2001:db8::1]",
-        b"*",
-        b"*.example.com",
-        b"a b",
-        b"caf\xc3\xa9.example",
-        b"",
-        b".",
-        &long[..],
-    ] {
+    for name in [&b"fe80::1"[..], b"[2001:db8::1]", b"::ffff:192.0.2.1"] {
         let mut exts = sni_ext(name);
         exts.extend(alpn_ext(&[b"h2"]));
         let buf = records(&hello_message(Some(exts)), 16384);
@@ -165,9 +155,29 @@ fn a_name_that_is_not_a_host_name_is_no_name() {
         panic!()
     };
     assert_eq!(h.server_name.as_deref(), Some("192.0.2.1"));
+    // Any other name that is not a host name is malformed, as before: a backend reading the
+    // raw name its own way (`a.example:443` as `a.example`) must not get what routing could not.
+    for name in [
+        &b"*"[..],
+        b"*.example.com",
+        b"a b",
+        b"a.example:443",
+        b"caf\xc3\xa9.example",
+        b"",
+        b".",
+        &long[..],
+    ] {
+        let buf = records(&hello_message(Some(sni_ext(name))), 16384);
+        assert_eq!(
+            parse(&buf),
+            Err(Error::Malformed("server_name is not a DNS host name")),
+            "{:?}",
+            String::from_utf8_lossy(name)
+        );
+    }
     // Two host names are still malformed, even when the first is no name.
     let mut entries = Vec::new();
-    for name in [&b"*"[..], b"b.example"] {
+    for name in [&b"fe80::1"[..], b"b.example"] {
         entries.push(0);
         entries.extend_from_slice(&(name.len() as u16).to_be_bytes());
         entries.extend_from_slice(name);
