@@ -558,7 +558,11 @@ pub fn build_routing(
         access_log,
         cache.map(|c| (c.clone(), config.cache.policy())),
         crate::runtime::pools(config.server.runtime, config.server.threads),
-    )?;
+    )?
+    .with_tunnels(match old {
+        Some(o) if o.tunnels().same_bounds(&config.server) => o.tunnels().clone(),
+        _ => Arc::new(crate::reverse::tunnel::Tunnels::for_server(&config.server)),
+    });
     Routing::new(
         reverse,
         &config.endpoints,

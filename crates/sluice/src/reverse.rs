@@ -133,6 +133,9 @@ pub struct Reverse {
     access_log: Option<access_log::AccessLog>,
     /// The process's slice cache (one for the process, it outlives reloads).
     cache: Option<crate::cache::Cache>,
+    /// The bounds on open tunnels (the server's per-client share and descriptor budget), kept
+    /// over a reload that does not change them.
+    tunnels: Arc<tunnel::Tunnels>,
 }
 
 impl Reverse {
@@ -185,7 +188,20 @@ impl Reverse {
             cache: cache.map(|c| c.0),
             settings: settings.clone(),
             access_log,
+            tunnels: Arc::new(tunnel::Tunnels::for_server(&Default::default())),
         })
+    }
+
+    /// These routes with `tunnels` as the bounds on open tunnels (by default, the server
+    /// config's defaults).
+    pub fn with_tunnels(mut self, tunnels: Arc<tunnel::Tunnels>) -> Reverse {
+        self.tunnels = tunnels;
+        self
+    }
+
+    /// The bounds on open tunnels.
+    pub fn tunnels(&self) -> &Arc<tunnel::Tunnels> {
+        &self.tunnels
     }
 
     /// The compiled routes in declaration order.

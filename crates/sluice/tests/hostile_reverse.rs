@@ -788,3 +788,204 @@ rewrite = "/public/docs/"
         );
     }
 }
+
+/// What a WebSocket origin saw of one request: its method, whether it asked to upgrade, and
+/// its body's length.
+type Seen = Arc<std::sync::Mutex<Vec<(String, bool, usize)>>>;
+
+/// An origin that switches every request naming `Upgrade` to a tunnel echoing what it gets, and
+/// answers any other `plain`; each request is noted in [`Seen`].
+async fn ws_echo_origin() -> (std::net::SocketAddr, Seen) {
+    let seen: Seen = Arc::default();
+    let notes = seen.clone();
+    let addr = origin(move |mut req: http::Request<hyper::body::Incoming>| {
+        let notes = notes.clone();
+        async move {
+            use http_body_util::BodyExt;
+            let upgrade = req.headers().contains_key("upgrade");
+            let method = req.method().to_string();
+            if !upgrade {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                notes.lock().unwrap().push((method, false, body.len()));
+                return http::Response::new(full("plain"));
+            }
+            notes.lock().unwrap().push((method, true, 0));
+            let key = req.headers().get("sec-websocket-key").cloned();
+            let on = hyper::upgrade::on(&mut req);
+            tokio::spawn(async move {
+                if let Ok(up) = on.await {
+                    let mut io = hyper_util::rt::TokioIo::new(up);
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = io.read(&mut buf).await {
+                        if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            });
+            let mut resp = http::Response::new(full(bytes::Bytes::new()));
+            *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            let h = resp.headers_mut();
+            h.insert("upgrade", http::HeaderValue::from_static("websocket"));
+            h.insert("connection", http::HeaderValue::from_static("upgrade"));
+            if let Some(key) = key {
+                h.insert("sec-websocket-accept", key);
+            }
+            resp
+        }
+    })
+    .await;
+    (addr, seen)
+}
+
+/// A WebSocket over HTTP/2 extended CONNECT on `send`, from `client` as a trusted proxy
+/// names it: the tunnel, or the status it was refused with.
+async fn h2_websocket(
+    send: &mut hyper::client::conn::http2::SendRequest<BoxBody>,
+    client: &str,
+) -> Result<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>, StatusCode> {
+    send.ready().await.unwrap();
+    let mut req = http::Request::builder()
+        .method("CONNECT")
+        .uri("http://app.test/chat")
+        .header("sec-websocket-version", "13")
+        .header("x-forwarded-for", client)
+        .body(full(bytes::Bytes::new()))
+        .unwrap();
+    req.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut resp = tokio::time::timeout(Duration::from_secs(5), send.send_request(req))
+        .await
+        .expect("an answer to the extended CONNECT")
+        .unwrap();
+    if resp.status() != StatusCode::OK {
+        return Err(resp.status());
+    }
+    let up = hyper::upgrade::on(&mut resp).await.unwrap();
+    Ok(hyper_util::rt::TokioIo::new(up))
+}
+
+/// The tunnel `io` echoes what is written to it.
+async fn echoes_h2(io: &mut hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>) {
+    io.write_all(b"ping").await.unwrap();
+    let mut got = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), io.read_exact(&mut got))
+        .await
+        .expect("the bytes echoed")
+        .unwrap();
+    assert_eq!(&got, b"ping");
+}
+
+/// Finding: WebSockets over HTTP/2 extended CONNECT held no place anywhere: an HTTP/1.1 upgrade
+/// keeps its connection's place in `max_connections_per_ip`, but one HTTP/2 connection carries
+/// a tunnel per stream, each with an upstream socket of its own, so one address's 256
+/// connections × 100 streams held 25,600 upstream sockets while `max_connections` counted 256.
+/// Each tunnel now takes a place in its client's share (`max_connections_per_ip`, by default
+/// 256) before its upstream is dialled: one client opening more than its share over HTTP/2 is
+/// refused 429 past it, the origin never asked, while another client still gets a tunnel; a
+/// tunnel that ends gives its place back. (Clients named by `X-Forwarded-For` from a trusted
+/// proxy, so the share applies to them, not to the loopback peer.)
+#[tokio::test]
+async fn http2_tunnels_hold_places_in_their_clients_share() {
+    let (o, seen) = ws_echo_origin().await;
+    let mut c = route_to(o);
+    c.routes[0].idle_timeout_secs = 30;
+    c.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    // Every tunnel on one connection, so the connection limits play no part.
+    c.server.h2_max_concurrent_streams = 1000;
+    let share = sluice::server::config::ServerConfig::default().max_connections_per_ip;
+    let p = Proxy::start(c).await;
+    let mut send = h2_client(p.addr).await;
+    // The server's SETTINGS (ENABLE_CONNECT_PROTOCOL) first.
+    send.ready().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut held = Vec::new();
+    for i in 0..share {
+        match h2_websocket(&mut send, "203.0.113.7").await {
+            Ok(io) => held.push(io),
+            Err(status) => panic!("tunnel {i} of a share of {share} refused: {status}"),
+        }
+    }
+    echoes_h2(&mut held[0]).await;
+    echoes_h2(held.last_mut().unwrap()).await;
+    let dialled = seen.lock().unwrap().len();
+    assert_eq!(dialled, share);
+    // One more from the same client: refused before its upstream is dialled.
+    assert_eq!(
+        h2_websocket(&mut send, "203.0.113.7").await.err(),
+        Some(StatusCode::TOO_MANY_REQUESTS),
+        "a tunnel past the client's share of {share} was opened"
+    );
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        dialled,
+        "the upstream was dialled"
+    );
+    // Another client on the same connection still gets one.
+    let mut other = h2_websocket(&mut send, "203.0.113.8")
+        .await
+        .expect("another client's tunnel");
+    echoes_h2(&mut other).await;
+    // A tunnel that ends gives its place back.
+    drop(held.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut again = loop {
+        match h2_websocket(&mut send, "203.0.113.7").await {
+            Ok(io) => break io,
+            Err(status) => assert!(
+                std::time::Instant::now() < deadline,
+                "no place came back after a tunnel closed: {status}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    echoes_h2(&mut again).await;
+    echoes_h2(&mut held[0]).await;
+}
+
+/// Finding: an `Upgrade: websocket` on an HTTP/1.0 request was honoured (HTTP/1.0 has no
+/// Upgrade, RFC 9110 section 7.8): the origin was asked to switch. It goes on as the plain
+/// request it is, its `Upgrade` and `Connection` dropped.
+#[tokio::test]
+async fn an_http10_upgrade_is_forwarded_as_a_plain_request() {
+    let (o, seen) = ws_echo_origin().await;
+    let p = Proxy::start(route_to(o)).await;
+    let reply = raw(
+        p.addr,
+        b"GET /chat HTTP/1.0\r\nHost: app.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+          Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        Duration::from_secs(3),
+    )
+    .await;
+    assert!(reply.contains(" 200 "), "{reply}");
+    assert!(reply.ends_with("plain"), "{reply}");
+    assert_eq!(
+        seen.lock().unwrap().as_slice(),
+        &[("GET".to_string(), false, 0)],
+        "the origin was asked to switch for an HTTP/1.0 request"
+    );
+}
+
+/// Finding: a non-GET request naming `Upgrade: websocket` was sent upstream as a GET upgrade
+/// (its body kept behind the switch); only a GET is an HTTP/1.1 WebSocket upgrade (RFC 6455
+/// section 4.1). A POST goes on as a POST with its body, `Upgrade` and `Connection` dropped.
+#[tokio::test]
+async fn a_post_naming_an_upgrade_is_forwarded_as_itself() {
+    let (o, seen) = ws_echo_origin().await;
+    let p = Proxy::start(route_to(o)).await;
+    let reply = raw(
+        p.addr,
+        b"POST /chat HTTP/1.1\r\nHost: app.test\r\nConnection: Upgrade, close\r\n\
+          Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nContent-Length: 5\r\n\r\nhello",
+        Duration::from_secs(3),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(reply.ends_with("plain"), "{reply}");
+    assert_eq!(
+        seen.lock().unwrap().as_slice(),
+        &[("POST".to_string(), false, 5)],
+        "the origin did not get the POST as it was sent"
+    );
+}

@@ -11,33 +11,44 @@ use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockRef, Socket, Type};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::client::ConnectFailure;
+use crate::upstream::happy;
 
-/// Resolves `host:port` and connects to the first address that answers.
+/// Each address's own connect deadline: the caller's deadline (the route's
+/// `connect_timeout_secs`) bounds the whole dial, and the next address starts after
+/// [`happy::STAGGER`] whatever this is, so it only has to outlast any deadline a caller sets.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Resolves `host:port` through the shared resolver (cached, `localhost` answered locally, C
+/// library lookups bounded) and connects to the first address that answers, racing them as
+/// Happy Eyeballs does: a silent first address costs [`happy::STAGGER`], not the whole deadline.
 pub(super) async fn dial(addr: &str) -> Result<Connected, ConnectFailure> {
-    let addrs: Vec<_> = tokio::net::lookup_host(addr)
+    let resolve = |source| ConnectFailure::Resolve {
+        addr: addr.to_string(),
+        source,
+    };
+    let (host, port) = happy::split_host_port(addr).map_err(resolve)?;
+    let addrs = happy::resolver()
+        .lookup(host, port)
         .await
-        .map_err(|source| ConnectFailure::Resolve {
+        .map_err(resolve)?;
+    connect_any(&addrs)
+        .await
+        .map_err(|source| ConnectFailure::Refused {
             addr: addr.to_string(),
             source,
-        })?
-        .collect();
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "no addresses");
-    for a in addrs {
-        match connect(a).await {
-            Ok(c) => return Ok(c),
-            Err(e) => last = e,
-        }
-    }
-    Err(ConnectFailure::Refused {
-        addr: addr.to_string(),
-        source: last,
-    })
+        })
+}
+
+/// Connects to the first of `addrs` that answers (Happy Eyeballs).
+async fn connect_any(addrs: &[SocketAddr]) -> io::Result<Connected> {
+    happy::connect_with(addrs, happy::STAGGER, ATTEMPT_TIMEOUT, connect).await
 }
 
 /// A connected stream, and whether the handshake had finished when `connect()` returned (then
@@ -227,6 +238,59 @@ mod tests {
         assert!(!writer.await.unwrap(), "the socket filled up at least once");
         assert_eq!(got.len(), expect.len());
         assert!(got == expect);
+    }
+
+    /// A listener whose accept queue is full drops further SYNs: a black hole on loopback.
+    fn black_hole() -> (Socket, Vec<std::net::TcpStream>, SocketAddr) {
+        let sock = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        sock.bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        sock.listen(0).unwrap();
+        let addr = sock.local_addr().unwrap().as_socket().unwrap();
+        let mut fillers = Vec::new();
+        for _ in 0..4 {
+            let d = std::time::Duration::from_millis(200);
+            if let Ok(s) = std::net::TcpStream::connect_timeout(&addr, d) {
+                fillers.push(s);
+            }
+        }
+        (sock, fillers, addr)
+    }
+
+    /// Finding: the addresses of a server's name were tried one after the other, each connect
+    /// waiting as long as it took, so a first address that drops SYNs held the dial until the
+    /// route's deadline and the next address was never tried. They are raced: the second
+    /// answers. (The guard below only bounds a hang: the black hole never answers.)
+    #[tokio::test]
+    async fn a_silent_first_address_does_not_keep_the_next_from_being_tried() {
+        let (_hole, _fill, dead) = black_hole();
+        let good = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let good_addr = good.local_addr().unwrap();
+        let c = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            connect_any(&[dead, good_addr]),
+        )
+        .await
+        .expect("the second address was never tried")
+        .unwrap();
+        assert_eq!(c.tcp.peer_addr().unwrap(), good_addr);
+    }
+
+    /// Finding: a server's name was looked up with `getaddrinfo` on each new connection, outside
+    /// the resolver (no cache, no bound on blocking lookups, `localhost` as the C library
+    /// answers). It goes through the shared resolver: `localhost` is `::1` and `127.0.0.1`
+    /// (RFC 6761), so a server listening on `::1` alone is reached by name.
+    #[tokio::test]
+    async fn a_name_is_resolved_by_the_shared_resolver() {
+        let Ok(v6) = TcpListener::bind("[::1]:0").await else {
+            eprintln!("no IPv6 loopback here; skipped");
+            return;
+        };
+        let port = v6.local_addr().unwrap().port();
+        let c = dial(&format!("localhost:{port}")).await.unwrap();
+        assert_eq!(c.tcp.peer_addr().unwrap(), v6.local_addr().unwrap());
+        let err = dial("no-port").await.err().unwrap();
+        assert!(matches!(err, ConnectFailure::Resolve { .. }), "{err}");
     }
 
     #[tokio::test]

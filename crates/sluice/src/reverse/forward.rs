@@ -225,8 +225,13 @@ impl Reverse {
                 .extensions()
                 .get::<hyper::ext::Protocol>()
                 .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
-        let h1_upgrade =
-            req.version() <= Version::HTTP_11 && hop::wants_upgrade(req.headers(), "websocket");
+        // An HTTP/1.1 WebSocket upgrade is a GET (RFC 6455 section 4.1) on HTTP/1.1 exactly
+        // (HTTP/1.0 has no Upgrade, RFC 9110 section 7.8); any other request naming one is
+        // forwarded as itself, its `Upgrade` and `Connection` dropped with the other hop-by-hop
+        // fields.
+        let h1_upgrade = req.version() == Version::HTTP_11
+            && req.method() == Method::GET
+            && hop::wants_upgrade(req.headers(), "websocket");
         let upgrade = (h2_connect || h1_upgrade) && route.config.websocket;
         // Only an access log reads the entry; without one, no strings are copied per request.
         let entry = self.log_entry(
@@ -272,6 +277,12 @@ impl Reverse {
                     "CONNECT is not proxied",
                 ));
             }
+            // A tunnel takes its places (its client's, the process's) before its upstream is
+            // dialled, and holds them until it ends.
+            let place = match upgrade {
+                true => Some(tunnel_place(&self.tunnels, down)?),
+                false => None,
+            };
             // sluice's own HTTP/2 server hands an extended CONNECT's stream over in the request.
             let own = req
                 .extensions_mut()
@@ -295,7 +306,7 @@ impl Reverse {
                 .fetch(route, &mut head, &body, key.as_deref())
                 .await
                 .map_err(FetchError::into_proxy_error)?;
-            Ok((fetched, on_upgrade))
+            Ok((fetched, on_upgrade, place))
         }
         .await;
         let ttfb = recent::since(start);
@@ -306,10 +317,11 @@ impl Reverse {
                 self.finish_record(route, resp.status().as_u16(), ttfb, entry);
                 resp
             }
-            Ok((fetched, on_upgrade)) => {
+            Ok((fetched, on_upgrade, place)) => {
                 if let Some(t) = &cache_target {
                     self.invalidate_after(t, fetched.response.status(), fetched.response.headers());
                 }
+                let on_upgrade = on_upgrade.zip(place);
                 self.respond(route, fetched, on_upgrade, h2_connect, start, entry)
             }
         }
@@ -558,8 +570,11 @@ impl Reverse {
         route: &Arc<Route>,
         fetched: Fetched,
         on_upgrade: Option<(
-            super::tunnel::Down,
-            Option<crate::server::h2_tunnel::TunnelBody>,
+            (
+                super::tunnel::Down,
+                Option<crate::server::h2_tunnel::TunnelBody>,
+            ),
+            super::tunnel::Place,
         )>,
         h2_connect: bool,
         start: Instant,
@@ -574,9 +589,9 @@ impl Reverse {
         let mut headers = std::mem::take(response.headers_mut());
         let switching = status == StatusCode::SWITCHING_PROTOCOLS;
         if switching {
-            if let Some((down, out)) = on_upgrade {
+            if let Some(((down, out), place)) = on_upgrade {
                 let up = hyper::upgrade::on(&mut response);
-                super::tunnel::spawn(down, up, route.idle_timeout, hold);
+                super::tunnel::spawn(down, up, route.idle_timeout, (hold, place));
                 // On sluice's own HTTP/2 server the tunnel's bytes to the client are the
                 // response's body.
                 let mut resp = Response::new(match out {
@@ -1127,6 +1142,33 @@ pub(super) fn connect_failure(cf: &ConnectFailure, group: &str) -> FetchError {
             group: group.to_string(),
         },
     }
+}
+
+/// A place for a tunnel in `tunnels` (its server's bounds), booked to the client (the address
+/// the proxy believes, its peer's when it names none). 429 past the client's share, 503 past
+/// the process's.
+fn tunnel_place(
+    tunnels: &super::tunnel::Tunnels,
+    down: &Downstream,
+) -> Result<super::tunnel::Place, ProxyError> {
+    use super::tunnel::Refused;
+    let client = match down.client_ip.is_unspecified() {
+        true => down.peer.ip(),
+        false => down.client_ip,
+    };
+    let taken = tunnels.take(client);
+    taken.map_err(|why| match why {
+        Refused::Client => ProxyError::downstream(
+            StatusCode::TOO_MANY_REQUESTS,
+            "tunnel_share",
+            "this client holds its share of open tunnels",
+        ),
+        Refused::Full => ProxyError::downstream(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "tunnels_full",
+            "the server holds as many open tunnels as it can",
+        ),
+    })
 }
 
 /// Whether the route changes the path it sends upstream.

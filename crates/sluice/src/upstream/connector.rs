@@ -387,7 +387,7 @@ impl Inner {
             }
             Via::HttpConnect { addr, auth } => {
                 let target_ip = self.check_via_proxy(host, port).await?;
-                let mut s = proxy_stream(host, addr).await?;
+                let mut s = self.proxy_stream(host, addr).await?;
                 let target = target_ip.map(|ip| ip.to_string());
                 tunnel::http_connect(
                     &mut s,
@@ -408,7 +408,7 @@ impl Inner {
                     true => self.check_name_for_proxy(host)?,
                     false => self.resolve_for_proxy(host, port).await?,
                 };
-                let mut s = proxy_stream(host, addr).await?;
+                let mut s = self.proxy_stream(host, addr).await?;
                 tunnel::socks5(&mut s, host, ip, port, auth.as_ref())
                     .await
                     .map_err(|source| proxy_err(host, source))?;
@@ -423,7 +423,7 @@ impl Inner {
                     true => self.check_name_for_proxy(host)?,
                     false => self.resolve_for_proxy(host, port).await?,
                 };
-                let mut s = proxy_stream(host, addr).await?;
+                let mut s = self.proxy_stream(host, addr).await?;
                 tunnel::socks4(&mut s, host, ip, port, user.as_deref())
                     .await
                     .map_err(|source| proxy_err(host, source))?;
@@ -516,6 +516,22 @@ impl Inner {
         Ok(addrs)
     }
 
+    /// A connection to the proxy at `proxy` (`host:port`) for a request to `host`: its name
+    /// through the connector's resolver and its addresses raced (Happy Eyeballs), each attempt
+    /// within half the connect budget, as a direct connection's are.
+    async fn proxy_stream(&self, host: &str, proxy: &str) -> Result<TcpStream, ConnectError> {
+        let (name, port) = happy::split_host_port(proxy).map_err(|e| proxy_err(host, e))?;
+        let addrs = self
+            .resolver
+            .lookup(name, port)
+            .await
+            .map_err(|e| proxy_err(host, e))?;
+        let attempt = (self.connect_timeout / 2).max(happy::STAGGER);
+        happy::connect(&addrs, happy::STAGGER, attempt)
+            .await
+            .map_err(|source| proxy_err(host, source))
+    }
+
     /// Through a proxy the proxy connects, so the name is checked here and the checked address is what
     /// the proxy is asked for (unless the guard is off).
     async fn check_via_proxy(&self, host: &str, port: u16) -> Result<Option<IpAddr>, ConnectError> {
@@ -579,12 +595,6 @@ impl Inner {
 #[cfg(feature = "tls")]
 fn tls_kind(verify: bool, h2: bool) -> usize {
     usize::from(verify) * 2 + usize::from(h2)
-}
-
-async fn proxy_stream(host: &str, proxy: &str) -> Result<TcpStream, ConnectError> {
-    TcpStream::connect(proxy)
-        .await
-        .map_err(|source| proxy_err(host, source))
 }
 
 fn proxy_err(host: &str, source: io::Error) -> ConnectError {

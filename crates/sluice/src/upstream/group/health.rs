@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 use super::{Groups, Server};
+use crate::upstream::happy;
 
 /// `health_check = { ... }` in an `[[upstreams]]` group.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -165,7 +165,10 @@ async fn run(server: Arc<Server>, config: HealthCheckConfig, group: String) {
 }
 
 async fn check(server: &Server, config: &HealthCheckConfig) -> Result<(), String> {
-    let mut stream = TcpStream::connect(server.addr())
+    // Through the shared resolver and Happy Eyeballs, as requests dial: each address may use
+    // half the check's budget, so a silent first address leaves the next its turn.
+    let attempt = (Duration::from_secs(config.timeout_secs) / 2).max(happy::STAGGER);
+    let mut stream = happy::connect_name(server.addr(), attempt)
         .await
         .map_err(|e| format!("connect: {e}"))?;
     if config.send_proxy {
@@ -226,6 +229,27 @@ fn parse_status(buf: &[u8]) -> Option<u16> {
 #[cfg(test)]
 mod tests {
     use super::parse_status;
+
+    /// Finding: a check dialled its server with `getaddrinfo` and one address after the other,
+    /// outside the resolver and Happy Eyeballs. It dials as requests do: `localhost` is `::1`
+    /// and `127.0.0.1` (RFC 6761), so a server on `::1` alone is checked up.
+    #[tokio::test]
+    async fn a_check_dials_through_the_resolver() {
+        let Ok(v6) = tokio::net::TcpListener::bind("[::1]:0").await else {
+            eprintln!("no IPv6 loopback here; skipped");
+            return;
+        };
+        let port = v6.local_addr().unwrap().port();
+        let config: super::super::GroupConfig = toml::from_str(&format!(
+            "name = \"app\"\nservers = [\"localhost:{port}\"]\n\
+             [health_check]\nkind = \"tcp\"\ntimeout_secs = 2\n"
+        ))
+        .unwrap();
+        let group = super::super::Group::new(&config).unwrap();
+        let check = config.health_check.clone().unwrap();
+        let server = group.servers()[0].clone();
+        super::check(&server, &check).await.unwrap();
+    }
 
     #[test]
     fn status_lines() {
