@@ -25,10 +25,17 @@ use crate::upstream::happy;
 /// [`happy::STAGGER`] whatever this is, so it only has to outlast any deadline a caller sets.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Resolves `host:port` through the shared resolver (cached, `localhost` answered locally, C
-/// library lookups bounded) and connects to the first address that answers, racing them as
+/// Connects to an `ip:port` at once; resolves a `host:port` through the shared resolver (cached,
+/// `localhost` answered locally, C library lookups bounded) and connects to the first address that answers, racing them as
 /// Happy Eyeballs does: a silent first address costs [`happy::STAGGER`], not the whole deadline.
 pub(super) async fn dial(addr: &str) -> Result<Connected, ConnectFailure> {
+    // An address (the common upstream): one connect, no resolver and no race to set up.
+    if let Ok(sa) = addr.parse::<SocketAddr>() {
+        return connect(sa).await.map_err(|source| ConnectFailure::Refused {
+            addr: addr.to_string(),
+            source,
+        });
+    }
     let resolve = |source| ConnectFailure::Resolve {
         addr: addr.to_string(),
         source,
