@@ -65,6 +65,18 @@ pub struct Protection {
     pub default_kid: Kid,
 }
 
+/// How one sample entry of a track's `stsd` is protected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryProtection {
+    /// No `sinf`: the fragments naming it are clear.
+    Clear,
+    Protected(Protection),
+    /// A protected entry after the track's first whose `sinf` could not be read (a scheme not
+    /// supported, `frma`, `schm` or `tenc` missing): the error, given only when a fragment
+    /// names the entry. The first protected entry is read strictly, as it decrypts the track.
+    Unreadable(CencError),
+}
+
 /// What decryption needs to know about one track of the init segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TrackInfo {
@@ -73,9 +85,9 @@ pub struct TrackInfo {
     pub handler: FourCC,
     /// The first protected sample entry's: the protection every fragment is decrypted with.
     pub protection: Option<Protection>,
-    /// Each `stsd` entry in order (`tfhd.sample_description_index` 1 is the first): its
-    /// protection, `None` for a clear entry (Shaka Packager's clear lead points at one).
-    pub entries: Vec<Option<Protection>>,
+    /// Each `stsd` entry in order (`tfhd.sample_description_index` 1 is the first): clear
+    /// (Shaka Packager's clear lead points at one), protected, or unreadable.
+    pub entries: Vec<EntryProtection>,
     /// The init's own `seig` sample group description (version 2) names a default entry that
     /// differs from the `tenc`: samples no fragment maps elsewhere are clear or under another
     /// key, so they cannot be decrypted with the track's defaults.

@@ -1,7 +1,10 @@
 //! Init segment rewriting: `pssh` and `sinf` dropped, `encv`/`enca` renamed to the original format,
 //! and each track's protection recorded. No I/O.
 
-use super::{segment, CencError, InitInfo, Pattern, Protection, Scheme, TrackInfo, MAX_TRACKS};
+use super::{
+    segment, CencError, EntryProtection, InitInfo, Pattern, Protection, Scheme, TrackInfo,
+    MAX_TRACKS,
+};
 use crate::mp4::{
     boxes, find, rebuild, Boxes, Edit, FourCC, Frma, Hdlr, Mp4Box, SampleEntry, Schm, Stsd, Tenc,
     Tkhd, Trex,
@@ -70,10 +73,19 @@ fn read_track(trak: &Mp4Box<'_>) -> Result<TrackInfo, CencError> {
                 check_count(entries.len(), "stsd entry")?;
                 let entry = SampleEntry::parse(&entry?, handler)?;
                 let entry_protection = match find(entry.children(), b"sinf")? {
-                    Some(sinf) => Some(read_sinf(track_id, &entry, &sinf)?),
-                    None => None,
+                    None => EntryProtection::Clear,
+                    // The first protected entry decrypts the track: it must be readable.
+                    Some(sinf) if protection.is_none() => {
+                        let p = read_sinf(track_id, &entry, &sinf)?;
+                        protection = Some(p);
+                        EntryProtection::Protected(p)
+                    }
+                    // A later one matters only to the fragments naming it, refused then.
+                    Some(sinf) => match read_sinf(track_id, &entry, &sinf) {
+                        Ok(p) => EntryProtection::Protected(p),
+                        Err(e) => EntryProtection::Unreadable(e),
+                    },
                 };
-                protection = protection.or(entry_protection);
                 entries.push(entry_protection);
             }
         }
@@ -94,7 +106,8 @@ fn read_track(trak: &Mp4Box<'_>) -> Result<TrackInfo, CencError> {
 /// Whether a `seig` sample group description of the init's `stbl` names (version 2) a default
 /// entry for the track's samples that differs from the `tenc`: clear (a clear lead signalled by
 /// groups), another KID, IV or pattern. Samples of fragments that no `sbgp` maps elsewhere would
-/// take it, and decrypting them with the `tenc` would pass garbage on.
+/// take it, and decrypting them with the `tenc` would pass garbage on. A `seig` description
+/// that does not parse counts as differing, rather than failing the whole init.
 fn init_seig_default_differs(
     stbl: &Mp4Box<'_>,
     protection: Option<&Protection>,
@@ -104,7 +117,11 @@ fn init_seig_default_differs(
         if b.kind != *b"sgpd" || !segment::is_seig(&b) {
             continue;
         }
-        let (entries, default_index) = segment::seig_entries(&b, protection)?;
+        // A description that does not parse says nothing trustworthy about the default: the
+        // protected fragments are refused, the clear lead and the init still pass.
+        let Ok((entries, default_index)) = segment::seig_entries(&b, protection) else {
+            return Ok(true);
+        };
         // The init's descriptions are numbered from 1, unlike a fragment's (from 0x10001).
         let repeats_tenc = default_index
             .checked_sub(1)

@@ -10,7 +10,7 @@ use cipher::KeyInit;
 
 use super::crypto::{decrypt_sample, Pattern};
 use super::fixup::{is_dropped_in_moof, rebuild_moof, rewrite_sidx, Removals, TrafFix};
-use super::{init, CencError, InitInfo, Protection, Scheme, TrackInfo};
+use super::{init, CencError, EntryProtection, InitInfo, Protection, Scheme, TrackInfo};
 use crate::keys::{KeyRing, Kid};
 use crate::mp4::{boxes, fourcc_str, Mp4Box, Mp4Error, Reader, Senc, SencEntries, Tfhd, Trun};
 
@@ -346,16 +346,22 @@ fn plan_traf<'a>(
 /// `tfhd.sample_description_index`, else by the `trex` default. Shaka Packager's clear lead
 /// points at a clear entry (its second): those samples pass through, and the rewritten init
 /// keeps every entry, so the index stays valid. An index naming no entry, a protected entry
-/// unlike the track's first (which [`resolve_tracks`] took the key for), or an init whose
-/// `seig` default differs from the `tenc` is refused rather than guessed at.
+/// decrypted unlike the track's first (which [`resolve_tracks`] took the key for) or whose
+/// `sinf` did not read, or an init whose `seig` default differs from the `tenc` is refused
+/// rather than guessed at.
 fn uses_protected_entry(tfhd: &Tfhd, track: &TrackInfo) -> Result<bool, CencError> {
     let Some(first) = &track.protection else {
         // A clear track: nothing is decrypted, whatever the index.
         return Ok(false);
     };
+    // Index 0 names no entry: Chrome takes the `trex` default for it, and ffmpeg and GStreamer
+    // take a `trex` default of 0 as the first entry.
     let index = tfhd
         .sample_description_index
-        .or(track.trex.map(|t| t.default_sample_description_index))
+        .filter(|&i| i != 0)
+        .or(track
+            .trex
+            .map(|t| t.default_sample_description_index.max(1)))
         .unwrap_or(1);
     let entry = index
         .checked_sub(1)
@@ -366,16 +372,28 @@ fn uses_protected_entry(tfhd: &Tfhd, track: &TrackInfo) -> Result<bool, CencErro
             entries: track.entries.len() as u32,
         })?;
     match entry {
-        None => Ok(false),
-        Some(p) if p != first => Err(CencError::OtherProtection {
+        EntryProtection::Clear => Ok(false),
+        EntryProtection::Unreadable(e) => Err(e.clone()),
+        EntryProtection::Protected(p) if !decrypts_alike(p, first) => {
+            Err(CencError::OtherProtection {
+                track_id: track.track_id,
+                index,
+            })
+        }
+        EntryProtection::Protected(_) if track.seig_default_differs => Err(CencError::KeyGroups {
             track_id: track.track_id,
-            index,
         }),
-        Some(_) if track.seig_default_differs => Err(CencError::KeyGroups {
-            track_id: track.track_id,
-        }),
-        Some(_) => Ok(true),
+        EntryProtection::Protected(_) => Ok(true),
     }
+}
+
+/// Whether two protected entries decrypt alike: everything but the clear format (`avc1` and
+/// `avc3`, `hvc1` and `hev1` entries under one `tenc`), which decryption never uses.
+fn decrypts_alike(p: &Protection, first: &Protection) -> bool {
+    Protection {
+        original_format: first.original_format,
+        ..*p
+    } == *first
 }
 
 /// How many encrypted samples [`decrypt_segment`] would decrypt, or why it refuses the segment

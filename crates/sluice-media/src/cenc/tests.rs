@@ -199,27 +199,52 @@ fn sample_entry(t: &Track, encrypted: bool) -> Vec<u8> {
     let format: &[u8; 4] = if t.video { b"avc1" } else { b"mp4a" };
     match (t.scheme, encrypted) {
         (Some(scheme), true) => {
-            let version = u8::from(t.pattern != Pattern::NONE);
-            let pattern = (t.pattern.crypt << 4) | t.pattern.skip;
-            let mut tenc = vec![0, pattern, 1, t.iv_size];
-            tenc.extend_from_slice(&t.kid);
-            if let Some(iv) = t.constant_iv {
-                tenc.push(16);
-                tenc.extend_from_slice(&iv);
-            }
-            let sinf = bx(
-                b"sinf",
-                &[
-                    &bx(b"frma", &[format]),
-                    &full(b"schm", 0, 0, &[scheme_fourcc(scheme), &be32(0x10000)]),
-                    &bx(b"schi", &[&full(b"tenc", version, 0, &[&tenc])]),
-                ],
-            );
+            let sinf = sinf(t, Some(format), Some(scheme_fourcc(scheme)), true);
             let kind = if t.video { b"encv" } else { b"enca" };
             bx(kind, &[&prefix, &config, &sinf])
         }
         _ => bx(format, &[&prefix, &config]),
     }
+}
+
+/// `t`'s `sinf`, with `frma` naming `format` and `schm` naming `scheme` when given, and `t`'s
+/// `tenc` when `with_tenc`.
+fn sinf(t: &Track, format: Option<&[u8; 4]>, scheme: Option<&[u8; 4]>, with_tenc: bool) -> Vec<u8> {
+    let version = u8::from(t.pattern != Pattern::NONE);
+    let pattern = (t.pattern.crypt << 4) | t.pattern.skip;
+    let mut tenc = vec![0, pattern, 1, t.iv_size];
+    tenc.extend_from_slice(&t.kid);
+    if let Some(iv) = t.constant_iv {
+        tenc.push(16);
+        tenc.extend_from_slice(&iv);
+    }
+    let mut children = Vec::new();
+    if let Some(format) = format {
+        children.extend(bx(b"frma", &[format]));
+    }
+    if let Some(scheme) = scheme {
+        children.extend(full(b"schm", 0, 0, &[scheme, &be32(0x10000)]));
+    }
+    if with_tenc {
+        children.extend(bx(b"schi", &[&full(b"tenc", version, 0, &[&tenc])]));
+    }
+    bx(b"sinf", &[&children])
+}
+
+/// A protected video entry of `t` (an `encv`) with [`sinf`]'s choices.
+fn protected_entry(
+    t: &Track,
+    format: Option<&[u8; 4]>,
+    scheme: Option<&[u8; 4]>,
+    with_tenc: bool,
+) -> Vec<u8> {
+    let mut prefix = vec![0u8; 78];
+    prefix[7] = 1;
+    let config = bx(b"avcC", &[&[1, 0x64, 0, 0x1f]]);
+    bx(
+        b"encv",
+        &[&prefix, &config, &sinf(t, format, scheme, with_tenc)],
+    )
 }
 
 fn init(tracks: &[Track], encrypted: bool) -> Vec<u8> {
@@ -1090,7 +1115,8 @@ fn shaka_clear_lead_passes_through_and_the_rest_decrypts() {
             // The rewritten init keeps both entries, both clear now: index 2 still names one.
             assert_eq!(clear_init, init(std::slice::from_ref(&t), false));
             let track = info.track(1).unwrap();
-            assert_eq!(track.entries, vec![track.protection, None]);
+            let first = EntryProtection::Protected(track.protection.unwrap());
+            assert_eq!(track.entries, vec![first, EntryProtection::Clear]);
             let keys = keys_for(&[&t]);
             let lead = indexed_fragment(&t, lead_index, 1, false);
             let seg = |encrypted| {
@@ -1119,7 +1145,8 @@ fn a_fragment_naming_no_sample_entry_is_refused() {
         for (t, entries) in [(base.clone(), 1), (shaka_clear_lead(base), 2)] {
             let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
             let keys = keys_for(&[&t]);
-            for index in [0, entries + 1, u32::MAX] {
+            // Index 0 takes the `trex` default (a_description_index_of_0_takes_the_trex_default).
+            for index in [entries + 1, u32::MAX] {
                 let seg = segment(&[indexed_fragment(&t, Some(index), 1, true)]);
                 assert_eq!(
                     decrypt_segment(&seg, &info, &keys),
@@ -1130,15 +1157,21 @@ fn a_fragment_naming_no_sample_entry_is_refused() {
                     })
                 );
             }
-            // The same through a `trex` default naming no entry.
+            // The same through a `trex` default naming no entry, whatever `tfhd` says with 0.
             let mut t = t.clone();
-            t.trex_index = Some(0);
+            t.trex_index = Some(entries + 1);
             let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
-            let seg = segment(&[indexed_fragment(&t, None, 1, true)]);
-            assert!(matches!(
-                decrypt_segment(&seg, &info, &keys),
-                Err(CencError::NoSampleDescription { index: 0, .. })
-            ));
+            for index in [None, Some(0)] {
+                let seg = segment(&[indexed_fragment(&t, index, 1, true)]);
+                assert_eq!(
+                    decrypt_segment(&seg, &info, &keys),
+                    Err(CencError::NoSampleDescription {
+                        track_id: 1,
+                        index: entries + 1,
+                        entries,
+                    })
+                );
+            }
         }
     }
 }
@@ -1230,6 +1263,179 @@ fn an_init_seig_default_unlike_the_tenc_is_refused() {
         assert!(info.track(1).unwrap().seig_default_differs);
         let lead = segment(&[indexed_fragment(&t, Some(2), 1, false)]);
         assert!(decrypt_segment(&lead, &info, &keys_for(&[&t])).unwrap() == lead);
+    }
+}
+
+#[test]
+fn a_description_index_of_0_takes_the_trex_default() {
+    // `tfhd` may carry index 0, which names no entry: Chrome takes the `trex` default for it,
+    // and ffmpeg and GStreamer a `trex` default of 0 as the first entry. Both were refused.
+    for base in seig_tracks() {
+        let t = shaka_clear_lead(base);
+        let keys = keys_for(&[&t]);
+        for (trex_index, tfhd_index) in [(1, Some(0)), (0, Some(0)), (0, None)] {
+            let mut t = t.clone();
+            t.trex_index = Some(trex_index);
+            let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+            let seg = |encrypted| segment(&[indexed_fragment(&t, tfhd_index, 1, encrypted)]);
+            let out = decrypt_segment(&seg(true), &info, &keys);
+            assert!(
+                out.as_ref().ok() == Some(&seg(false)),
+                "trex {trex_index} tfhd {tfhd_index:?}: {:?}",
+                out.err()
+            );
+        }
+        // `trex` naming the clear entry makes a 0 in `tfhd` the clear lead.
+        let mut t = t.clone();
+        t.trex_index = Some(2);
+        let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+        let lead = segment(&[indexed_fragment(&t, Some(0), 1, false)]);
+        assert!(decrypt_segment(&lead, &info, &keys).unwrap() == lead);
+    }
+}
+
+#[test]
+fn a_later_unreadable_protected_entry_is_refused_only_when_named() {
+    // Protected entries after the first that do not read (another scheme, `frma`, `schm` or
+    // `tenc` missing) failed the whole init, so the first entry and the clear lead with it.
+    for mut t in seig_tracks() {
+        let scheme = scheme_fourcc(t.scheme.unwrap());
+        let unreadable = [
+            (
+                protected_entry(&t, Some(b"avc1"), Some(b"abcd"), true),
+                CencError::UnsupportedScheme {
+                    track_id: 1,
+                    scheme: "abcd".into(),
+                },
+            ),
+            (
+                protected_entry(&t, None, Some(scheme), true),
+                CencError::MissingBox("frma"),
+            ),
+            (
+                protected_entry(&t, Some(b"avc1"), None, true),
+                CencError::MissingBox("schm"),
+            ),
+            (
+                protected_entry(&t, Some(b"avc1"), Some(scheme), false),
+                CencError::MissingBox("tenc"),
+            ),
+        ];
+        t.more_entries = unreadable.iter().map(|(e, _)| e.clone()).collect();
+        t.more_entries.push(sample_entry(&t, false));
+        let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+        let keys = keys_for(&[&t]);
+        for (i, (_, refused)) in unreadable.iter().enumerate() {
+            let index = i as u32 + 2;
+            let seg = segment(&[indexed_fragment(&t, Some(index), 1, true)]);
+            assert_eq!(decrypt_segment(&seg, &info, &keys), Err(refused.clone()));
+        }
+        // The first entry decrypts and the clear lead (the last entry) passes.
+        let seg = |encrypted| segment(&[indexed_fragment(&t, Some(1), 1, encrypted)]);
+        assert!(decrypt_segment(&seg(true), &info, &keys).unwrap() == seg(false));
+        let lead = segment(&[indexed_fragment(&t, Some(6), 1, false)]);
+        assert!(decrypt_segment(&lead, &info, &keys).unwrap() == lead);
+    }
+    // The first protected entry, which decrypts the track, is still read strictly.
+    let mut t = track(1, true, None, 8);
+    t.more_entries = vec![protected_entry(&t, Some(b"avc1"), Some(b"abcd"), true)];
+    assert_eq!(
+        rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap_err(),
+        CencError::UnsupportedScheme {
+            track_id: 1,
+            scheme: "abcd".into()
+        }
+    );
+}
+
+#[test]
+fn entries_differing_only_in_their_clear_format_decrypt_alike() {
+    // `avc1` then `avc3` under one `tenc` (or `hvc1` and `hev1`): the clear format is not used
+    // by decryption, but the comparison with the first entry counted it (OtherProtection).
+    for mut t in seig_tracks() {
+        let scheme = scheme_fourcc(t.scheme.unwrap());
+        t.more_entries = vec![protected_entry(&t, Some(b"avc3"), Some(scheme), true)];
+        let (clear_init, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+        assert!(clear_init.windows(4).any(|w| w == b"avc3"));
+        assert!(!clear_init.windows(4).any(|w| w == b"encv"));
+        let keys = keys_for(&[&t]);
+        let seg = |encrypted| segment(&[indexed_fragment(&t, Some(2), 1, encrypted)]);
+        let out = decrypt_segment(&seg(true), &info, &keys);
+        assert!(out.as_ref().ok() == Some(&seg(false)), "{:?}", out.err());
+    }
+}
+
+#[test]
+fn an_unreadable_init_seig_description_refuses_only_protected_fragments() {
+    // The init's `seig` description was not read before clear leads were; one that does not
+    // parse failed the whole init rewrite, the clear lead with it.
+    for base in seig_tracks() {
+        let mut t = shaka_clear_lead(base);
+        let cut_short = tenc_entry(&t)[..10].to_vec();
+        for broken in [
+            full(
+                b"sgpd",
+                2,
+                0,
+                &[b"seig", &be32(0), &be32(1), &be32(u32::MAX)],
+            ),
+            init_seig_default(&[cut_short], 1),
+        ] {
+            t.stbl_extra = broken;
+            let (clear_init, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+            assert_eq!(clear_init, init(std::slice::from_ref(&t), false));
+            assert!(info.track(1).unwrap().seig_default_differs);
+            let keys = keys_for(&[&t]);
+            let seg = segment(&[indexed_fragment(&t, Some(1), 1, true)]);
+            assert_eq!(
+                decrypt_segment(&seg, &info, &keys),
+                Err(CencError::KeyGroups { track_id: 1 })
+            );
+            let lead = segment(&[indexed_fragment(&t, Some(2), 1, false)]);
+            assert!(decrypt_segment(&lead, &info, &keys).unwrap() == lead);
+        }
+    }
+}
+
+#[test]
+fn a_clear_lead_carrying_empty_encryption_boxes_loses_them() {
+    // A clear lead fragment may carry empty `saiz`, `saio` and `senc`: they are dropped from
+    // every `traf`, so its `trun` offsets (or absolute base) and the `sidx` move with them.
+    for base in seig_tracks() {
+        let t = shaka_clear_lead(base);
+        let (_, info) = rewrite_init(&init(std::slice::from_ref(&t), true)).unwrap();
+        let keys = keys_for(&[&t]);
+        let empty = [
+            full(b"saiz", 0, 0, &[&[t.iv_size], &be32(0)]),
+            full(b"saio", 0, 0, &[&be32(0)]),
+            full(b"senc", 0, 0, &[&be32(0)]),
+        ]
+        .concat();
+        // Where the lead starts: after `styp`, `emsg` and a two-reference `sidx`.
+        let prft = full(b"prft", 0, 0, &[&be32(1), &[0; 12]]).len();
+        let prefix = segment(&[Vec::new(), Vec::new()]).len() - prft;
+        for absolute_at in [None, Some(prefix)] {
+            let mut lead_track = t.clone();
+            lead_track.description_index = Some(2);
+            lead_track.absolute_at = absolute_at;
+            let lead = |extra: &[u8]| {
+                let samples = (0..3)
+                    .map(|i| sample(400, 10 + i, &lead_track, &[]))
+                    .collect();
+                fragment_with(&[(&lead_track, samples)], 1, false, extra)
+            };
+            let seg = |encrypted, extra: &[u8]| {
+                let rest = indexed_fragment(&t, Some(1), 2, encrypted);
+                segment(&[lead(extra), rest])
+            };
+            let out = decrypt_segment(&seg(true, &empty), &info, &keys);
+            assert!(
+                out.as_ref().ok() == Some(&seg(false, &[])),
+                "{} at {absolute_at:?}: {:?}",
+                t.iv_size,
+                out.err()
+            );
+        }
     }
 }
 
