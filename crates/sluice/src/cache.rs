@@ -368,6 +368,19 @@ impl Cache {
             .contains_key(&cold)
     }
 
+    /// Whether `key` is marked to pass (hit-for-pass: its last answer could not be stored), so a
+    /// fetch now would go to the origin and its bytes be thrown away. Used to skip work
+    /// (prefetching what cannot be kept), never to decide what a client gets.
+    pub fn passes(&self, key: &CacheKey) -> bool {
+        let none = http::HeaderMap::new();
+        matches!(
+            self.inner
+                .index
+                .lookup(&key.0, &none, std::time::Instant::now()),
+            index::Lookup::Pass
+        )
+    }
+
     /// This node's part in a cache cluster, when `[cache.cluster]` is set.
     pub fn cluster(&self) -> Option<&Arc<cluster::Cluster>> {
         self.inner.cluster.as_ref()

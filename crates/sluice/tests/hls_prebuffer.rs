@@ -451,3 +451,257 @@ async fn a_segment_fetches_ahead_only_in_playlists_registered_with_its_own_heade
         vec![Some("Bearer evil".to_string())]
     );
 }
+
+/// One answer of a [`Recording`] origin.
+#[derive(Clone)]
+struct Route {
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    body: Bytes,
+}
+
+impl Route {
+    fn ok(content_type: &'static str, body: impl Into<Bytes>) -> Route {
+        Route {
+            status: 200,
+            headers: vec![("content-type", content_type.to_string())],
+            body: body.into(),
+        }
+    }
+}
+
+/// A request as a [`Recording`] origin saw it: path, `Authorization`, `Cookie`.
+type Sighting = (String, Option<String>, Option<String>);
+
+/// An origin answering set routes (404 otherwise), recording every request's credentials.
+struct Recording {
+    addr: SocketAddr,
+    routes: Arc<Mutex<HashMap<String, Route>>>,
+    log: Arc<Mutex<Vec<Sighting>>>,
+}
+
+impl Recording {
+    async fn start() -> Recording {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let routes: Arc<Mutex<HashMap<String, Route>>> = Arc::default();
+        let log: Arc<Mutex<Vec<Sighting>>> = Arc::default();
+        let (r, l) = (routes.clone(), log.clone());
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (r, l) = (r.clone(), l.clone());
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let (r, l) = (r.clone(), l.clone());
+                        async move {
+                            let path = req.uri().path().to_string();
+                            let header = |name: &str| {
+                                req.headers()
+                                    .get(name)
+                                    .map(|v| v.to_str().unwrap().to_string())
+                            };
+                            l.lock().unwrap().push((
+                                path.clone(),
+                                header("authorization"),
+                                header("cookie"),
+                            ));
+                            let route = r.lock().unwrap().get(&path).cloned();
+                            let mut b = Response::builder();
+                            let body = match route {
+                                Some(route) => {
+                                    b = b.status(route.status);
+                                    for (k, v) in route.headers {
+                                        b = b.header(k, v);
+                                    }
+                                    route.body
+                                }
+                                None => {
+                                    b = b.status(404);
+                                    Bytes::new()
+                                }
+                            };
+                            let body: BoxBody = Full::new(body).map_err(|n| match n {}).boxed();
+                            Ok::<_, Infallible>(b.body(body).unwrap())
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Recording { addr, routes, log }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn route(&self, path: &str, route: Route) {
+        self.routes.lock().unwrap().insert(path.to_string(), route);
+    }
+
+    fn log(&self) -> Vec<Sighting> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Requests for paths starting with `prefix`.
+    fn count(&self, prefix: &str) -> usize {
+        self.log()
+            .iter()
+            .filter(|(p, ..)| p.starts_with(prefix))
+            .count()
+    }
+}
+
+/// Every URL a rewritten playlist names: URI lines and `URI="..."` attributes, on sluice.
+fn named_urls(s: &Sluice, playlist: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in playlist.lines() {
+        let found = match line.starts_with('#') {
+            true => line
+                .split_once("URI=\"")
+                .and_then(|(_, rest)| rest.split_once('"'))
+                .map(|(uri, _)| uri.to_string()),
+            false => Some(line.to_string()).filter(|l| !l.is_empty()),
+        };
+        if let Some(u) = found {
+            out.push(match u.starts_with('/') {
+                true => s.url(&u),
+                false => u,
+            });
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_viewers_credentials_never_reach_another_origin_the_playlist_names() {
+    let (a, b) = (Recording::start().await, Recording::start().await);
+    let ts = |i: usize| Route::ok("video/mp2t", segment_bytes(i));
+    // A's playlist names its own segments, segments and a key on B, and a variant on B.
+    let playlist = format!(
+        "#EXTM3U\n#EXT-X-TARGETDURATION:4\n\
+         #EXT-X-KEY:METHOD=AES-128,URI=\"{key}\"\n\
+         #EXTINF:4.0,\na0.ts\n#EXTINF:4.0,\n{b0}\n#EXTINF:4.0,\na1.ts\n\
+         #EXTINF:4.0,\n{b1}\n#EXTINF:4.0,\na2.ts\n#EXT-X-ENDLIST\n",
+        key = b.url("/key.bin"),
+        b0 = b.url("/b0.ts"),
+        b1 = b.url("/b1.ts"),
+    );
+    let mpegurl = "application/vnd.apple.mpegurl";
+    a.route("/live.m3u8", Route::ok(mpegurl, playlist));
+    for (i, p) in ["/a0.ts", "/a1.ts", "/a2.ts"].into_iter().enumerate() {
+        a.route(p, ts(i));
+    }
+    for (i, p) in ["/b0.ts", "/b1.ts", "/b2.ts", "/b3.ts"]
+        .into_iter()
+        .enumerate()
+    {
+        b.route(p, ts(i));
+    }
+    b.route(
+        "/key.bin",
+        Route::ok("application/octet-stream", "0123456789abcdef"),
+    );
+    // A redirects its other playlist to B, whose segments are relative (so on B).
+    a.route(
+        "/go.m3u8",
+        Route {
+            status: 302,
+            headers: vec![("location", b.url("/live.m3u8"))],
+            body: Bytes::new(),
+        },
+    );
+    let on_b = "#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXTINF:4.0,\nb2.ts\n#EXTINF:4.0,\nb3.ts\n\
+                #EXT-X-ENDLIST\n";
+    b.route("/live.m3u8", Route::ok(mpegurl, on_b));
+
+    let mut config = test_config();
+    config.media.prebuffer_segments = 3;
+    config.media.prefetch_segments = 3;
+    let s = Sluice::start(config).await;
+    let creds = "&h_authorization=Bearer%20X&h_Cookie=session%3D1";
+    for path in ["/live.m3u8", "/go.m3u8"] {
+        let d = enc(&a.url(path));
+        let r = get(&s.url(&format!("/proxy/hls/manifest.m3u8?d={d}{creds}"))).await;
+        assert_eq!(r.status, 200, "{path}");
+        let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        let urls = named_urls(&s, &text);
+        assert!(urls.len() >= 2, "{text}");
+        for url in urls {
+            assert_eq!(get(&url).await.status, 200, "{url}");
+        }
+    }
+    // Prebuffer and prefetch have had their turn.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen_b = b.log();
+    for p in [
+        "/key.bin",
+        "/b0.ts",
+        "/b1.ts",
+        "/b2.ts",
+        "/b3.ts",
+        "/live.m3u8",
+    ] {
+        assert!(seen_b.iter().any(|(q, ..)| q == p), "{p} never fetched");
+    }
+    for (path, auth, cookie) in &seen_b {
+        assert_eq!(
+            (auth, cookie),
+            (&None, &None),
+            "B got the viewer's credentials for {path}"
+        );
+    }
+    // A's own playlist and segments still get them.
+    let bearer = (Some("Bearer X".to_string()), Some("session=1".to_string()));
+    let seen_a = a.log();
+    for p in ["/live.m3u8", "/go.m3u8", "/a0.ts", "/a1.ts", "/a2.ts"] {
+        let mine: Vec<_> = seen_a.iter().filter(|(q, ..)| q == p).collect();
+        assert!(!mine.is_empty(), "{p} never fetched");
+        for (_, auth, cookie) in mine {
+            assert_eq!((auth.clone(), cookie.clone()), bearer, "{p}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn segments_the_origin_will_not_let_us_store_are_not_fetched_ahead() {
+    let origin = Recording::start().await;
+    let mut playlist = String::from("#EXTM3U\n#EXT-X-TARGETDURATION:4\n");
+    for i in 0..10 {
+        playlist.push_str(&format!("#EXTINF:4.0,\nseg{i}.ts\n"));
+        origin.route(
+            &format!("/ns/seg{i}.ts"),
+            Route {
+                status: 200,
+                headers: vec![
+                    ("content-type", "video/mp2t".to_string()),
+                    ("cache-control", "no-store".to_string()),
+                ],
+                body: segment_bytes(i),
+            },
+        );
+    }
+    playlist.push_str("#EXT-X-ENDLIST\n");
+    origin.route(
+        "/ns/index.m3u8",
+        Route::ok("application/vnd.apple.mpegurl", playlist),
+    );
+    let mut config = test_config();
+    config.media.prebuffer_segments = 0;
+    config.media.prefetch_segments = 3;
+    let s = Sluice::start(config).await;
+    let d = enc(&origin.url("/ns/index.m3u8"));
+    let r = get(&s.url(&format!("/proxy/hls/manifest.m3u8?d={d}"))).await;
+    let urls = named_urls(&s, std::str::from_utf8(&r.body.unwrap()).unwrap());
+    for (i, url) in urls.iter().enumerate().take(6).skip(1) {
+        let r = get(url).await;
+        assert_eq!(sha256(&r.body.unwrap()), sha256(&segment_bytes(i)));
+        // Any fetch ahead it started has its turn before the next request.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // One origin fetch per segment the viewer asked for: each fetched ahead was thrown away.
+    assert_eq!(origin.count("/ns/seg"), 5, "{:?}", origin.log());
+}

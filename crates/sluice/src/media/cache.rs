@@ -211,6 +211,14 @@ impl MediaCache {
             .is_some_and(|c| c.holds(&request_key(&part.url, headers)))
     }
 
+    /// Whether `part` fetched with `headers` is marked to pass: its last answer could not be
+    /// stored (`no-store`, `private`...), so a fetch ahead of the player would be thrown away.
+    pub fn passes(&self, part: &Part, headers: &HeaderMap) -> bool {
+        self.cache
+            .as_ref()
+            .is_some_and(|c| c.passes(&request_key(&part.url, headers)))
+    }
+
     /// The bytes of `part` (the whole object, or exactly its byte range), at most `limit`, from
     /// the cache or the origin. `max_age`: the most seconds a cached copy may have aged (a live
     /// MPD's refresh period); older copies are revalidated or fetched again. A non-2xx answer is

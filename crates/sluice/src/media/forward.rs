@@ -426,29 +426,34 @@ fn has_placeholder(url: &str) -> bool {
     url.contains(IP_PLACEHOLDER) || url.to_ascii_lowercase().contains("%7bmediaflow_ip%7d")
 }
 
-/// `url` with the placeholder (as written or as the URL parser percent-encoded it) replaced.
+/// `url` with the placeholder (as written or as the URL parser percent-encoded it) replaced. The
+/// URL is lowercased once and scanned once (a URL of many placeholders costs its length, not its
+/// length for each one).
 fn replace_in_url(url: &Url, ip: &str) -> Result<Url, ProxyError> {
     let text = url.as_str();
+    // ASCII lowercasing keeps every byte where it was: an index into `lower` is one into `text`.
+    let lower = text.to_ascii_lowercase();
+    let lower = lower.as_bytes();
     let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    loop {
-        let lower = rest.to_ascii_lowercase();
+    let (mut at, mut copied) = (0, 0);
+    while at < lower.len() {
+        #[cfg(test)]
+        tests::SCANNED.with(|n| n.set(n.get() + 1));
         let found = [IP_PLACEHOLDER, "%7bmediaflow_ip%7d"]
             .iter()
-            .filter_map(|p| lower.find(p).map(|at| (at, p.len())))
-            .min();
+            .find(|p| lower[at..].starts_with(p.as_bytes()));
         match found {
-            Some((at, len)) => {
-                out.push_str(&rest[..at]);
+            Some(p) => {
+                // Both patterns start with an ASCII byte: `at` is a character boundary.
+                out.push_str(&text[copied..at]);
                 out.push_str(ip);
-                rest = &rest[at + len..];
+                at += p.len();
+                copied = at;
             }
-            None => {
-                out.push_str(rest);
-                break;
-            }
+            None => at += 1,
         }
     }
+    out.push_str(&text[copied..]);
     Url::parse(&out).map_err(|e| {
         ProxyError::downstream(
             StatusCode::BAD_REQUEST,
@@ -480,6 +485,36 @@ fn replace_bytes(hay: &[u8], needle: &[u8], with: &[u8]) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Positions `replace_in_url` looked at, on this thread.
+        pub(super) static SCANNED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    #[test]
+    fn many_placeholders_are_replaced_in_one_pass() {
+        let query: String = (0..5000)
+            .map(|i| match i % 2 {
+                0 => format!("a{i}={{mediaflow_ip}}&"),
+                _ => format!("b{i}=%7BMediaFlow_IP%7D&"),
+            })
+            .collect();
+        let url = Url::parse(&format!("https://api.example/{{mediaflow_ip}}/x?{query}")).unwrap();
+        SCANNED.with(|n| n.set(0));
+        let out = replace_in_url(&url, "203.0.113.9").unwrap();
+        let scanned = SCANNED.with(|n| n.get());
+        assert!(scanned <= url.as_str().len(), "{scanned} positions");
+        let expected: String = (0..5000)
+            .map(|i| format!("{}{i}=203.0.113.9&", if i % 2 == 0 { 'a' } else { 'b' }))
+            .collect();
+        assert_eq!(
+            out.as_str(),
+            format!("https://api.example/203.0.113.9/x?{expected}")
+        );
+        // A URL without one is unchanged, odd bytes and all.
+        let plain = Url::parse("https://api.example/%7Bmediaflow/ip%7D?x=%25&y={}").unwrap();
+        assert_eq!(replace_in_url(&plain, "1.2.3.4").unwrap(), plain);
+    }
 
     #[test]
     fn placeholder_in_url_and_body() {

@@ -293,10 +293,19 @@ async fn rewrite(
         ));
     }
     let vod = job_is_vod(&text);
+    let params = stream::parse_params(ctx)?;
+    let playlist = options::carried(&ctx.query, Child::Playlist, opts.key_proxy);
+    let segment = options::carried(&ctx.query, Child::Segment, opts.key_proxy);
     let job = RewriteJob {
         links: media.links(ctx),
-        playlist: options::carried(&ctx.query, Child::Playlist, opts.key_proxy),
-        segment: options::carried(&ctx.query, Child::Segment, opts.key_proxy),
+        // A viewer's credentials are for the origin of the `d` they came with: children on any
+        // other (where a redirect led, a key vendor, another CDN) get the rest of the headers,
+        // as a redirect to another origin drops them.
+        origin: params.destination.origin(),
+        foreign_playlist: super::links::without_credentials(&playlist),
+        foreign_segment: super::links::without_credentials(&segment),
+        playlist,
+        segment,
         opts: opts.rewrite.clone(),
         text,
         base,
@@ -312,9 +321,15 @@ async fn rewrite(
     if rewritten.is_ok() && !parts.is_empty() && engine_for(media, &base).is_none() {
         let warm = super::prebuffer::pick(&parts, vod, media.settings.prebuffer_segments);
         // Registered for the upstream headers its segment links carry (every `h_*` but `h_range`),
-        // so only this viewer's segment requests find it and fetch ahead with their headers.
-        let mut headers = stream::fetch_request(&stream::parse_params(ctx)?)?.headers;
+        // so only this viewer's segment requests find it and fetch ahead with their headers. When
+        // every segment is on another origin than `d` (a redirect, a CDN), those links carry no
+        // credentials.
+        let mut headers = stream::fetch_request(&params)?.headers;
         headers.remove(header::RANGE);
+        let d_origin = params.destination.origin();
+        if parts.iter().all(|p| p.url.origin() != d_origin) {
+            super::links::strip_credentials(&mut headers);
+        }
         media
             .prefetcher
             .register_playlist_for(base.as_str(), &headers, parts);
@@ -351,8 +366,12 @@ fn job_is_vod(text: &str) -> bool {
 /// Everything a rewrite needs, owned, so it can run on the blocking pool.
 struct RewriteJob {
     links: super::links::Links,
+    /// The origin of the request's `d`: children elsewhere get the `foreign_*` parameters.
+    origin: url::Origin,
     playlist: Vec<(String, String)>,
     segment: Vec<(String, String)>,
+    foreign_playlist: Vec<(String, String)>,
+    foreign_segment: Vec<(String, String)>,
     opts: rewriter::RewriteOptions,
     text: String,
     base: url::Url,
@@ -367,14 +386,17 @@ impl RewriteJob {
     fn run(self) -> RewriteOutcome {
         let RewriteJob {
             links,
+            origin,
             playlist,
             segment,
+            foreign_playlist,
+            foreign_segment,
             opts,
             text,
             base,
         } = self;
         let mut parts = Vec::new();
-        let collect = !text.contains("#EXT-X-BYTERANGE");
+        let collect = !has_byte_ranges(&text);
         let mut make_url = |target: Target, url: &url::Url| {
             if collect && matches!(target, Target::Segment { .. }) {
                 parts.push(Part {
@@ -382,10 +404,16 @@ impl RewriteJob {
                     range: None,
                 });
             }
-            let (ext, carried) = match target {
-                Target::Playlist => (None, &playlist),
-                Target::Key => (Some(SegmentExt::Ts), &segment),
-                Target::Segment { ext } | Target::Map { ext } => (Some(ext), &segment),
+            let home = url.origin() == origin;
+            let (ext, carried) = match (target, home) {
+                (Target::Playlist, true) => (None, &playlist),
+                (Target::Playlist, false) => (None, &foreign_playlist),
+                (Target::Key, true) => (Some(SegmentExt::Ts), &segment),
+                (Target::Key, false) => (Some(SegmentExt::Ts), &foreign_segment),
+                (Target::Segment { ext } | Target::Map { ext }, true) => (Some(ext), &segment),
+                (Target::Segment { ext } | Target::Map { ext }, false) => {
+                    (Some(ext), &foreign_segment)
+                }
             };
             let mut params = Vec::with_capacity(carried.len() + 1);
             params.push(("d".to_string(), url.to_string()));
@@ -398,6 +426,16 @@ impl RewriteJob {
         let rewritten = rewriter::rewrite_playlist(&text, &base, &opts, &mut make_url);
         (rewritten, parts, base)
     }
+}
+
+/// Whether any segment of `text` is a slice of a file: an `EXT-X-BYTERANGE` tag, or an LL-HLS
+/// part or preload hint with a `BYTERANGE` attribute (`BYTERANGE=`, `BYTERANGE-START`). Such
+/// segments are left to the pipe: registered whole, a warm-up would fetch the growing file.
+fn has_byte_ranges(text: &str) -> bool {
+    text.contains("BYTERANGE")
+        && text
+            .lines()
+            .any(|l| l.starts_with("#EXT") && l.contains("BYTERANGE"))
 }
 
 fn playlist_response(
@@ -441,5 +479,91 @@ fn segment_type(ext: SegmentExt) -> &'static str {
         SegmentExt::M4s | SegmentExt::Mp4 | SegmentExt::M4v => "video/mp4",
         SegmentExt::M4a => "audio/mp4",
         SegmentExt::Aac => "audio/aac",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_media::query::Query;
+
+    fn job(text: &str) -> RewriteJob {
+        let ctx = RequestContext {
+            peer: "127.0.0.1:5000".parse().unwrap(),
+            client_ip: "127.0.0.1".parse().unwrap(),
+            query: Query::parse("d=http%3A%2F%2Fo%2Fl.m3u8"),
+            path: MANIFEST.into(),
+            host: Some("proxy.example".into()),
+            secure: false,
+            token: None,
+        };
+        RewriteJob {
+            links: super::super::links::Links::new(&ctx, None),
+            origin: url::Url::parse("http://o/").unwrap().origin(),
+            playlist: Vec::new(),
+            segment: Vec::new(),
+            foreign_playlist: Vec::new(),
+            foreign_segment: Vec::new(),
+            opts: rewriter::RewriteOptions::default(),
+            text: text.to_string(),
+            base: url::Url::parse("http://o/l.m3u8").unwrap(),
+        }
+    }
+
+    #[test]
+    fn byte_range_parts_are_not_registered_whole() {
+        let head = "#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXT-X-PART-INF:PART-TARGET=1.0\n";
+        let plain = format!(
+            "{head}#EXT-X-PART:DURATION=1.0,URI=\"p0.mp4\"\n#EXTINF:4.0,\ns0.mp4\n\
+             #EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"p1.mp4\"\n"
+        );
+        let (out, parts, _) = job(&plain).run();
+        assert!(out.is_ok());
+        assert!(!parts.is_empty());
+        for ranged in [
+            format!(
+                "{head}#EXT-X-PART:DURATION=1.0,URI=\"s1.mp4\",BYTERANGE=1000@0\n\
+                 #EXT-X-PART:DURATION=1.0,URI=\"s1.mp4\",BYTERANGE=1000@1000\n"
+            ),
+            format!(
+                "{head}#EXTINF:4.0,\ns0.mp4\n\
+                 #EXT-X-PRELOAD-HINT:TYPE=PART,URI=\"s1.mp4\",BYTERANGE-START=0\n"
+            ),
+            format!("{head}#EXT-X-BYTERANGE:1000@0\n#EXTINF:4.0,\ns0.mp4\n"),
+        ] {
+            let (out, parts, _) = job(&ranged).run();
+            assert!(out.is_ok(), "{ranged}");
+            assert_eq!(parts, [], "{ranged}");
+        }
+        // A URI that merely says BYTERANGE keeps its segments.
+        let (_, parts, _) = job("#EXTM3U\n#EXTINF:4.0,\nBYTERANGE.ts\n").run();
+        assert_eq!(parts.len(), 1);
+    }
+
+    #[test]
+    fn children_on_another_origin_lose_the_credentials() {
+        let mut j = job(
+            "#EXTM3U\n#EXT-X-KEY:METHOD=AES-128,URI=\"https://keys.example/k\"\n\
+             #EXTINF:4.0,\na.ts\n#EXTINF:4.0,\nhttp://o:8080/b.ts\n#EXTINF:4.0,\n\
+             https://o/c.ts\n#EXTINF:4.0,\nhttp://O:80/d.ts\n",
+        );
+        let creds = vec![
+            ("h_authorization".to_string(), "Bearer X".to_string()),
+            ("h_referer".to_string(), "r".to_string()),
+        ];
+        j.foreign_segment = super::super::links::without_credentials(&creds);
+        j.segment = creds;
+        let (out, _, _) = j.run();
+        let out = out.unwrap();
+        let lines: Vec<&str> = out.lines().filter(|l| l.contains("/proxy/")).collect();
+        assert_eq!(lines.len(), 5, "{out}");
+        let with = |l: &&&str| l.contains("h_authorization=Bearer");
+        // Only a.ts and d.ts (the same scheme, host and port as `d`) carry them.
+        let carrying: Vec<_> = lines.iter().filter(with).collect();
+        assert_eq!(carrying.len(), 2, "{out}");
+        assert!(carrying
+            .iter()
+            .all(|l| l.contains("a.ts") || l.contains("d.ts")));
+        assert!(lines.iter().all(|l| l.contains("h_referer=r")));
     }
 }

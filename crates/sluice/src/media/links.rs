@@ -85,6 +85,42 @@ pub fn carried(query: &Query, drop: impl Fn(&str) -> bool) -> Vec<(String, Strin
         .collect()
 }
 
+/// Upstream headers that carry a viewer's credentials: like a redirect to another origin
+/// (`upstream::relay`), a child URL on another origin than the parent's `d` never gets them.
+const CREDENTIALS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
+
+/// Whether the query parameter `key` sets a credential header upstream (`h_authorization`,
+/// `h_Cookie`, `h_ proxy-authorization`...: the header name as `ProxyParams` reads it, trimmed and
+/// lowercased; the prefix in any case).
+pub fn is_credential_param(key: &str) -> bool {
+    let Some(prefix) = key.get(..2) else {
+        return false;
+    };
+    prefix.eq_ignore_ascii_case("h_")
+        && CREDENTIALS
+            .iter()
+            .any(|c| key[2..].trim().eq_ignore_ascii_case(c))
+}
+
+/// `carried` for a child on another origin than the parent's `d`: without the credentials.
+pub fn without_credentials(carried: &[(String, String)]) -> Vec<(String, String)> {
+    carried
+        .iter()
+        .filter(|(k, _)| !is_credential_param(k))
+        .cloned()
+        .collect()
+}
+
+/// Takes the credential headers out of a set of upstream headers (for a fetch on another origin
+/// than the one they were given for).
+pub fn strip_credentials(headers: &mut http::HeaderMap) -> bool {
+    let mut any = false;
+    for name in CREDENTIALS {
+        any |= headers.remove(name).is_some();
+    }
+    any
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +149,48 @@ mod tests {
             Links::new(&c, None).url("/proxy/hls/segment.ts", &params),
             "http://proxy.example:8888/proxy/hls/segment.ts?d=http%3A%2F%2Fo%2Fs+1.ts&h_referer=r"
         );
+    }
+
+    #[test]
+    fn credential_params_in_every_spelling() {
+        for key in [
+            "h_authorization",
+            "h_Authorization",
+            "H_AUTHORIZATION",
+            "h_ cookie ",
+            "h_COOKIE",
+            "h_proxy-authorization",
+        ] {
+            assert!(is_credential_param(key), "{key}");
+        }
+        for key in [
+            "h_referer",
+            "h_x-authorization",
+            "authorization",
+            "h_",
+            "h",
+            "d",
+            "r_cookie",
+        ] {
+            assert!(!is_credential_param(key), "{key}");
+        }
+        let carried = vec![
+            ("h_referer".to_string(), "r".to_string()),
+            ("h_Cookie".to_string(), "c".to_string()),
+            ("rp_x".to_string(), "1".to_string()),
+        ];
+        let names: Vec<_> = without_credentials(&carried)
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(names, ["h_referer", "rp_x"]);
+        let mut headers = http::HeaderMap::new();
+        headers.insert("authorization", "Bearer x".parse().unwrap());
+        headers.insert("cookie", "a=b".parse().unwrap());
+        headers.insert("referer", "r".parse().unwrap());
+        assert!(strip_credentials(&mut headers));
+        assert_eq!(headers.len(), 1);
+        assert!(!strip_credentials(&mut headers));
     }
 
     #[test]

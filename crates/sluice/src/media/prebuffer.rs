@@ -34,9 +34,18 @@ pub fn warm(media: &Media, ctx: &RequestContext, parts: Vec<Part>) {
     if media.pacer.paces(ctx, &params) {
         return;
     }
-    if let Ok(request) = super::stream::fetch_request(&params) {
-        media.prefetcher.warm(parts, &request.headers);
-    }
+    let Ok(request) = super::stream::fetch_request(&params) else {
+        return;
+    };
+    // Credentials go only to the origin of the `d` they came with, as the segment links carry
+    // them (`hls::RewriteJob`).
+    let origin = params.destination.origin();
+    let (home, foreign): (Vec<Part>, Vec<Part>) =
+        parts.into_iter().partition(|p| p.url.origin() == origin);
+    media.prefetcher.warm(home, &request.headers);
+    let mut headers = request.headers;
+    super::links::strip_credentials(&mut headers);
+    media.prefetcher.warm(foreign, &headers);
 }
 
 #[cfg(test)]

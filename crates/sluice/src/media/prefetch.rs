@@ -119,11 +119,18 @@ struct Playlists {
     /// a live playlist, or their own segment URLs).
     by_key: HashMap<Arc<str>, Vec<u64>>,
     /// Each segment, then where it sits in each list holding it.
+    /// A list is there once per segment, at the segment's first position in it, however often
+    /// the list repeats the URL (a slate, an ad played twice): one look per list, not one per
+    /// repetition, when a segment is fetched or a list forgotten. In id order (a new list has the
+    /// highest id).
     by_part: HashMap<Part, Vec<Position>>,
     tick: u64,
     next_id: u64,
     /// Sum of the weights held; at most the registry budget.
     bytes: usize,
+    /// Positions looked at (by `next` and `forget`), for the tests' bounds on the work.
+    #[cfg(test)]
+    looks: std::cell::Cell<usize>,
 }
 
 /// Fetches segments through the cache and fetches ahead of the player.
@@ -240,13 +247,25 @@ impl Prefetcher {
     /// The player fetched `part` with `headers`: fetch the following segments of its playlist, as
     /// registered for those same headers, in the background.
     pub fn segment_fetched(self: &Arc<Self>, part: &Part, headers: &HeaderMap) {
-        if self.depth == 0 {
+        // A segment the origin would not let the cache keep says its neighbours are the same:
+        // fetched ahead, they would be thrown away and fetched again when the player asks.
+        if self.depth == 0 || self.cache.passes(part, headers) {
             return;
         }
         let Some(next) = self.lock().next(part, &fingerprint(headers), self.depth) else {
             return;
         };
-        self.warm(next, headers);
+        // The viewer's credentials were given for this segment's origin: a segment after it on
+        // another (an ad break, another CDN) is fetched without them, as its link carries none.
+        let origin = part.url.origin();
+        let (home, foreign): (Vec<Part>, Vec<Part>) =
+            next.into_iter().partition(|p| p.url.origin() == origin);
+        self.warm(home, headers);
+        if !foreign.is_empty() {
+            let mut headers = headers.clone();
+            super::links::strip_credentials(&mut headers);
+            self.warm(foreign, &headers);
+        }
     }
 
     /// Whether fetching ahead can help: only with the media cache, which keeps what is fetched.
@@ -268,7 +287,8 @@ impl Prefetcher {
             return;
         }
         for part in parts {
-            if self.cache.holds(&part, headers) {
+            // Cached, in flight, or marked to pass (its bytes could not be kept).
+            if self.cache.holds(&part, headers) || self.cache.passes(&part, headers) {
                 continue;
             }
             let Ok(place) = Arc::clone(&self.background).try_acquire_owned() else {
@@ -301,6 +321,8 @@ impl Playlists {
             .get(part)?
             .iter()
             .filter_map(|&(id, index)| {
+                #[cfg(test)]
+                self.looks.set(self.looks.get() + 1);
                 let list = self.lists.get(&id)?;
                 list.prints.contains(print).then_some((list, index))
             })
@@ -332,10 +354,11 @@ impl Playlists {
             None => Arc::from(key),
         };
         for (index, part) in segments.iter().enumerate() {
-            self.by_part
-                .entry(part.clone())
-                .or_default()
-                .push((id, index));
+            let positions = self.by_part.entry(part.clone()).or_default();
+            // The list is the newest there: a repeated segment already has its first position.
+            if positions.last().is_none_or(|&(last, _)| last != id) {
+                positions.push((id, index));
+            }
         }
         self.by_key.entry(Arc::clone(&key)).or_default().push(id);
         self.bytes += weight;
@@ -417,11 +440,21 @@ impl Playlists {
                 self.by_key.remove(&list.key);
             }
         }
-        for part in list.segments.iter() {
+        for (index, part) in list.segments.iter().enumerate() {
             let Some(positions) = self.by_part.get_mut(part) else {
                 continue;
             };
-            positions.retain(|(i, _)| *i != id);
+            // Positions are in list order (a new list has the highest id), one per list: the
+            // list's is found by a binary search, and taken at the segment's first position
+            // only (a repeat has nothing left to take).
+            #[cfg(test)]
+            self.looks.set(self.looks.get() + 1);
+            match positions.binary_search_by_key(&id, |&(i, _)| i) {
+                Ok(at) if positions[at].1 == index => {
+                    positions.remove(at);
+                }
+                _ => continue,
+            }
             if positions.is_empty() {
                 self.by_part.remove(part);
             }
@@ -574,6 +607,48 @@ mod tests {
             p.registry_bytes(),
             registry_weight("live", &new) + 2 * PRINT_WEIGHT
         );
+    }
+
+    #[tokio::test]
+    async fn a_repeated_segment_costs_one_look_per_list() {
+        // Two playlists repeating one slate 5,000 times, then a segment of their own.
+        const N: usize = 5000;
+        let slate = Part {
+            url: url::Url::parse("http://o/slate.ts").unwrap(),
+            range: None,
+        };
+        let list = |name: &str| {
+            let mut v = vec![slate.clone(); N];
+            v.extend(parts(name, 1));
+            v
+        };
+        let p = prefetcher(64 << 20);
+        let (a, b) = (viewer(1), viewer(2));
+        p.register_playlist_for("a", &a, list("a"));
+        p.register_playlist_for("b", &b, list("b"));
+        let lists = p.lock();
+        assert_eq!(lists.by_part[&slate].len(), 2);
+        // The slate's fetch looks at each list once, and fetches ahead from its first position.
+        lists.looks.set(0);
+        let next = lists.next(&slate, &fingerprint(&a), 3);
+        assert_eq!(next, Some(vec![slate.clone(); 3]));
+        assert!(lists.looks.get() <= 2, "{} looks", lists.looks.get());
+        drop(lists);
+        // Forgetting one list looks at each of its segments once, not at every repetition of
+        // the slate in both lists for each of its own (5,000 x 10,000).
+        p.lock().looks.set(0);
+        p.register_playlist_for("a", &a, parts("a2", 1));
+        let lists = p.lock();
+        assert!(lists.looks.get() <= N + 1, "{} looks", lists.looks.get());
+        assert_eq!(lists.by_part[&slate].len(), 1);
+        assert_eq!(
+            lists.next(&parts("b", 1)[0], &fingerprint(&b), 3),
+            Some(vec![])
+        );
+        assert!(lists.next(&slate, &fingerprint(&b), 3).is_some());
+        drop(lists);
+        p.register_playlist_for("b", &b, parts("b2", 1));
+        assert!(!p.knows(&slate));
     }
 
     #[tokio::test]
