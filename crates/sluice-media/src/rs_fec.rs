@@ -449,21 +449,40 @@ struct Block {
     parity: Vec<Option<Vec<u8>>>,
 }
 
+impl Block {
+    /// Parity bytes it holds.
+    fn held(&self) -> usize {
+        self.parity.iter().flatten().map(Vec::len).sum()
+    }
+}
+
 /// Recent media packets (whole datagrams) and open FEC blocks; rebuilds lost packets.
 ///
 /// Media is held in `capacity` slots indexed by sequence number (a power of two, so the
 /// index stays consistent across the 16-bit wrap). A block is dropped once it is whole or
 /// repaired, or when more than `capacity` packets separate it from the newest media packet.
+/// At most `MAX_BLOCKS` blocks and `MAX_PARITY_BYTES` of parity are open at once, the oldest
+/// block dropped first.
 #[derive(Debug)]
 pub struct Recovery {
     media: Vec<Option<(u16, Vec<u8>)>>,
     blocks: Vec<Block>,
+    /// Parity bytes held by `blocks`.
+    parity_bytes: usize,
     newest: Option<u16>,
     code: Option<Code>,
 }
 
 /// Open blocks kept at most (rtp2httpd keeps as many).
 pub const MAX_BLOCKS: usize = 32;
+
+/// Parity bytes kept at most across the open blocks. A block names its own `m` and `rtp_len`,
+/// so a sender could otherwise make `MAX_BLOCKS` of them hold 127 parity packets of 2,048
+/// bytes each (about 8 MiB per channel) by numbering them ahead of the media (never too old)
+/// and never sending enough to decode. Real streams keep a few blocks of a few parity packets
+/// open (k = 100, m = 5 at 1,328 bytes is 7 KiB a block); the largest block possible (254 ×
+/// 2,048 bytes) still fits.
+pub const MAX_PARITY_BYTES: usize = 1 << 20;
 
 impl Recovery {
     /// `capacity` is rounded up to a power of two between 16 and 4096.
@@ -472,6 +491,7 @@ impl Recovery {
         Self {
             media: (0..capacity).map(|_| None).collect(),
             blocks: Vec::new(),
+            parity_bytes: 0,
             newest: None,
             code: None,
         }
@@ -525,7 +545,7 @@ impl Recovery {
             None => {
                 if self.blocks.len() >= MAX_BLOCKS {
                     // Evicting the oldest; counted when it is next examined, not here.
-                    self.blocks.remove(0);
+                    self.evict_oldest();
                 }
                 self.blocks.push(Block {
                     header: *header,
@@ -538,11 +558,33 @@ impl Recovery {
         if block.header.m != header.m || block.header.rtp_len != header.rtp_len {
             return false;
         }
-        let slot = &mut block.parity[usize::from(header.index)];
-        if slot.is_none() {
-            *slot = Some(parity[..usize::from(header.rtp_len)].to_vec());
+        if block.parity[usize::from(header.index)].is_some() {
+            return true;
         }
+        let len = usize::from(header.rtp_len);
+        // Room for this parity within `MAX_PARITY_BYTES`, the oldest other blocks dropped for it
+        // (this block alone never holds more: 254 × `MAX_RTP_LEN` is below it).
+        let mut at = at;
+        while self.parity_bytes + len > MAX_PARITY_BYTES && at > 0 {
+            self.evict_oldest();
+            at -= 1;
+        }
+        self.blocks[at].parity[usize::from(header.index)] = Some(parity[..len].to_vec());
+        self.parity_bytes += len;
         true
+    }
+
+    /// Drops the oldest open block and its parity.
+    fn evict_oldest(&mut self) {
+        if !self.blocks.is_empty() {
+            let gone = self.blocks.remove(0);
+            self.parity_bytes -= gone.held();
+        }
+    }
+
+    /// Parity bytes held by the open blocks (at most `MAX_PARITY_BYTES`).
+    pub fn parity_bytes(&self) -> usize {
+        self.parity_bytes
     }
 
     /// Whether some block still has parity waiting for a decision.
@@ -596,6 +638,7 @@ impl Recovery {
                 Err(_) => round.unrecoverable += lost.len() as u64,
             }
         }
+        self.parity_bytes = keep.iter().map(Block::held).sum();
         self.blocks = keep;
         round
     }

@@ -390,7 +390,7 @@ impl Iptv {
     }
 
     /// true for the paths this front end serves: /rtp/, /udp/, /rtsp/, /hls/, /playlist.m3u,
-    /// /epg.xml, /epg.xml.gz, /status, /status.json, /status/events
+    /// /epg.xml, /epg.xml.gz, /status (and its script and style), /status.json, /status/events
     pub fn serves(path: &str) -> bool {
         path.starts_with("/rtp/")
             || path.starts_with("/hls/")
@@ -399,14 +399,9 @@ impl Iptv {
             || path.starts_with("/rtsp/")
             || matches!(
                 path,
-                "/playlist.m3u"
-                    | "/epg.xml"
-                    | "/epg.xml.gz"
-                    | "/status"
-                    | "/status/"
-                    | "/status.json"
-                    | "/status/events"
+                "/playlist.m3u" | "/epg.xml" | "/epg.xml.gz" | "/status.json" | "/status/events"
             )
+            || status::serves_page(path)
     }
 
     /// HLS channels segmenting now (one per channel, whatever its number of HLS viewers).
@@ -420,14 +415,20 @@ impl Iptv {
             return text(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n");
         }
         match req.uri.path() {
-            "/status" | "/status/" => {
-                respond(StatusCode::OK, "text/html; charset=utf-8", status::PAGE)
+            p if status::serves_page(p) => status::page(&req.method, p),
+            "/status.json" => {
+                let mut resp = respond(
+                    StatusCode::OK,
+                    "application/json",
+                    status::json(&self.registry),
+                );
+                // Channel names and client addresses come from outside: read as JSON only.
+                resp.headers_mut().insert(
+                    header::X_CONTENT_TYPE_OPTIONS,
+                    header::HeaderValue::from_static("nosniff"),
+                );
+                resp
             }
-            "/status.json" => respond(
-                StatusCode::OK,
-                "application/json",
-                status::json(&self.registry),
-            ),
             "/status/events" => self.events(),
             "/playlist.m3u" => self.playlist(&req).await,
             "/epg.xml" => self.guide(&req, false).await,
@@ -782,7 +783,12 @@ impl Iptv {
         };
         self.registry.metrics.refuse(reason);
         tracing::debug!(%refusal, "channel request refused");
-        text(status, &format!("{refusal}\n"))
+        let mut resp = text(status, &format!("{refusal}\n"));
+        if let Some(secs) = refusal.retry_after() {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
+        resp
     }
 }
 

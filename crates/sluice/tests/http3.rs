@@ -390,6 +390,58 @@ async fn cookie_fields_reach_an_http1_origin_as_one_line() {
     }
 }
 
+/// Finding: over HTTP/3 a HEAD got the body its GET gets (the vendored h3 does not track the
+/// method): `/health`, `/metrics`, every JSON error, the status page, and `/status/events` a
+/// snapshot every status interval for as long as the client kept the stream open. Each HEAD now
+/// ends with its head: no body, the stream ended (the client's timeout is a hang detector only),
+/// the fields the handler set kept; the GETs beside them are whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_over_http3_ends_with_its_head() {
+    let o = start_origin(Arc::new(AtomicUsize::new(0))).await;
+    let s = H3Sluice::start_with(o, "", |_c| {
+        // Frequent events: an endless HEAD would have sent many by the client's timeout.
+        #[cfg(feature = "iptv")]
+        {
+            _c.iptv.status_interval_ms = 20;
+        }
+    })
+    .await;
+    let mut heads = vec![
+        ("/health", 200),
+        ("/metrics", 200),
+        ("/no/such/path", 404),
+        // The fast path's upstream exchange (reverse/fast_h2.rs).
+        ("/plain/size/1000", 200),
+    ];
+    if cfg!(feature = "iptv") {
+        heads.extend([
+            ("/status", 200),
+            ("/status.json", 200),
+            ("/status/events", 200),
+        ]);
+    }
+    let mut items: Vec<Value> = heads
+        .iter()
+        .map(|(p, _)| json!({"path": p, "method": "HEAD"}))
+        .collect();
+    items.extend([json!({"path": "/health"}), json!({"path": "/no/such/path"})]);
+    let r = client(s.plan(json!({ "gets": items, "timeout": 15 }))).await;
+    let responses = r["responses"].as_array().unwrap();
+    for ((path, status), resp) in heads.iter().zip(responses) {
+        assert_eq!(resp["status"], *status, "HEAD {path}: {resp}");
+        assert_eq!(resp["reset"], Value::Null, "HEAD {path}: {resp}");
+        assert_eq!(resp["length"], 0, "HEAD {path}: {resp}");
+    }
+    // The origin's length, as the GET would have it (RFC 9110 §8.6 allows it on a HEAD).
+    assert_eq!(header(&responses[3], "content-length"), Some("1000"));
+    // The same paths' GETs keep their bodies.
+    let gets = &responses[heads.len()..];
+    assert_eq!(gets[0]["status"], 200, "{}", gets[0]);
+    assert!(gets[0]["length"].as_u64().unwrap() > 0, "{}", gets[0]);
+    assert_eq!(gets[1]["status"], 404, "{}", gets[1]);
+    assert!(gets[1]["length"].as_u64().unwrap() > 0, "{}", gets[1]);
+}
+
 /// HTTP/3 GETs and HEADs on a plain route take the fast path's upstream exchange
 /// (`reverse/fast_h2.rs`), and each answer is the one hyper's client path gives for the same
 /// request (`reverse.h2_fast_path = false`): status, fields, body by SHA-256 and trailers; the

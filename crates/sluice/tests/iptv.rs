@@ -415,7 +415,11 @@ async fn status_pages_and_playlist() {
     );
     let page = gw.get("/status").await;
     assert_eq!(page.headers()["content-type"], "text/html; charset=utf-8");
-    assert!(read_text(page).await.contains("new EventSource("));
+    // Its script is a file beside it (the page's policy allows no inline code).
+    assert!(read_text(page).await.contains("src=\"status/status.js\""));
+    let script = gw.get("/status/status.js").await;
+    assert_eq!(script.status(), 200);
+    assert!(read_text(script).await.contains("new EventSource("));
     let events = gw.get("/status/events").await;
     assert_eq!(events.headers()["content-type"], "text/event-stream");
     let first = read_bytes(events, 6).await;
@@ -579,4 +583,119 @@ async fn every_byte_arrives_across_pauses_bursts_and_trickles() {
     send.join().unwrap();
     assert_eq!(got.len(), total);
     assert_eq!(Sha256::digest(&got), want);
+}
+
+/// `GET path` as the client at `peer`, straight to the gateway's handler (several clients
+/// share one loopback).
+async fn ask_as(gw: &Gateway, peer: &str, path: &str) -> hyper::Response<sluice::body::Body> {
+    let (mut parts, ()) = hyper::Request::get(path)
+        .header("host", "gw.test")
+        .body(())
+        .unwrap()
+        .into_parts();
+    parts
+        .extensions
+        .insert(peer.parse::<std::net::SocketAddr>().unwrap());
+    tokio::time::timeout(Duration::from_secs(10), gw.iptv.handle(parts))
+        .await
+        .expect("answer within 10 s")
+}
+
+/// [`ask_as`] for a group that sends once joined.
+async fn watch_as(
+    gw: &Gateway,
+    peer: &str,
+    group: &str,
+    port: u16,
+) -> hyper::Response<sluice::body::Body> {
+    let path = format!("/udp/{group}:{port}?iface=lo");
+    let (resp, ()) = tokio::join!(ask_as(gw, peer, &path), async {
+        wait_joined(group, true).await;
+        Sender::new(group, port).send_raw(&ts_datagrams(3, 0x141, None));
+    });
+    resp
+}
+
+async fn text_of(resp: hyper::Response<sluice::body::Body>) -> String {
+    use http_body_util::BodyExt;
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// Attack: one client asks for a new group after another and hangs up on each (the groups
+/// send nothing, so each answer is a 504 after `no_data_timeout_ms`, the group left
+/// lingering). At its share each such request released its oldest lingering group at once:
+/// one IGMP join and one leave per request, as fast as it could ask, each group left still
+/// flowing for the routers' leave latency. Past its burst it is refused (429) until its rate
+/// (its share per `START_WINDOW`) allows a start again; another client still starts one.
+#[tokio::test]
+async fn a_client_starting_group_after_group_is_refused_past_its_start_rate() {
+    use sluice::iptv::registry::START_BURST;
+    let mut cfg = config();
+    cfg.linger_ms = 10_000;
+    cfg.no_data_timeout_ms = 50;
+    let share = cfg.max_subscribers_per_client;
+    let gw = Gateway::start(cfg).await;
+    let attempts = 40;
+    let (mut started, mut refused) = (0, Vec::new());
+    for i in 0..attempts {
+        let path = format!("/udp/239.71.40.{}:46400?iface=lo", i + 1);
+        let resp = ask_as(&gw, "192.0.2.7:40000", &path).await;
+        match resp.status().as_u16() {
+            504 => started += 1,
+            429 => {
+                let wait: u64 = resp.headers()["retry-after"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert!((1..=2).contains(&wait), "Retry-After: {wait}");
+                refused.push(text_of(resp).await)
+            }
+            other => panic!("request {i}: {other} {}", text_of(resp).await),
+        }
+    }
+    assert!(
+        !refused.is_empty(),
+        "{started} groups started, none refused"
+    );
+    assert!(started >= START_BURST.max(share), "{started} started");
+    for body in &refused {
+        assert!(
+            body.starts_with(&format!(
+                "this client is starting new channels too fast (at most {share} every 2s)"
+            )),
+            "{body}"
+        );
+    }
+    // Another client starts a channel meanwhile (no data: a 504, not a refusal).
+    let resp = ask_as(&gw, "192.0.2.8:40000", "/udp/239.71.40.100:46400?iface=lo").await;
+    assert_eq!(resp.status(), 504, "{}", text_of(resp).await);
+}
+
+/// A starts a channel, B watches it too (A no longer answers for it), both hang up: the
+/// channel lingered on nobody's share, neither released by their next channels nor counted.
+/// The client that left last answers for it: at its share (1) its next channel releases it.
+#[tokio::test]
+async fn a_channel_two_clients_left_lingers_on_the_last_ones_share() {
+    let mut cfg = config();
+    cfg.linger_ms = 10_000;
+    cfg.max_subscribers_per_client = 1;
+    let gw = Gateway::start(cfg).await;
+    let shared = "239.71.40.201";
+    let a = watch_as(&gw, "192.0.2.10:40000", shared, 46401).await;
+    assert_eq!(a.status(), 200);
+    let b = ask_as(
+        &gw,
+        "192.0.2.11:40000",
+        &format!("/udp/{shared}:46401?iface=lo"),
+    )
+    .await;
+    assert_eq!(b.status(), 200);
+    drop(a);
+    drop(b);
+    let next = watch_as(&gw, "192.0.2.11:40000", "239.71.40.202", 46402).await;
+    assert_eq!(next.status(), 200);
+    // Released for B's next channel, long before its linger would have ended.
+    wait_joined(shared, false).await;
 }

@@ -228,3 +228,58 @@ async fn answers_behind_the_password_are_private() {
     assert_eq!(r.status, 200);
     assert!(r.headers.get("cache-control").is_none());
 }
+
+/// Finding: the status page had no Content-Security-Policy, `X-Frame-Options` or
+/// `X-Content-Type-Options` while the other pages have all three (it ran an inline script), and
+/// `/status.json` and `/metrics` no `nosniff`. The page now has the player's headers, its script
+/// and style in files beside it that the real server routes and serves behind the same password.
+#[tokio::test]
+async fn the_status_page_has_the_headers_the_other_pages_have() {
+    let mut config = test_config();
+    config.auth.api_password = "tv-pw".into();
+    let s = Sluice::start(config).await;
+    let pw = [("api_password", "tv-pw")];
+    for (page, dir) in [("/status", "status/"), ("/status/", "")] {
+        let r = request("GET", &s.url(page), &pw).await;
+        assert_eq!(r.status, 200, "{page}: {:?}", r.body);
+        let csp = r.headers["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("script-src 'self';"), "{csp}");
+        assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+        assert!(!csp.contains("unsafe-inline"), "{csp}");
+        assert_eq!(r.headers["x-frame-options"], "DENY", "{page}");
+        assert_eq!(r.headers["x-content-type-options"], "nosniff", "{page}");
+        assert_eq!(r.headers["referrer-policy"], "no-referrer", "{page}");
+        let html = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        // No inline code: the one script names a file, and has no body.
+        assert!(!html.contains("<style"), "{html}");
+        assert!(html.contains(&format!("<script src=\"{dir}status.js\" defer></script>")));
+        assert!(
+            html.contains(&format!("href=\"{dir}status.css\"")),
+            "{html}"
+        );
+    }
+    // The files the page names, relative to `/status` (so `/status/…`), served behind the same
+    // password with the same headers.
+    for (file, content_type, holds) in [
+        (
+            "/status/status.js",
+            "text/javascript; charset=utf-8",
+            "new EventSource(",
+        ),
+        ("/status/status.css", "text/css; charset=utf-8", ".bad{"),
+    ] {
+        assert_eq!(get(&s.url(file)).await.status, 401, "{file}");
+        let r = request("GET", &s.url(file), &pw).await;
+        assert_eq!(r.status, 200, "{file}: {:?}", r.body);
+        assert_eq!(r.headers["content-type"], content_type);
+        assert_eq!(r.headers["x-content-type-options"], "nosniff", "{file}");
+        assert!(r.headers.contains_key("content-security-policy"), "{file}");
+        let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert!(text.contains(holds), "{file}: {text}");
+    }
+    for path in ["/status.json", "/metrics"] {
+        let r = request("GET", &s.url(path), &pw).await;
+        assert_eq!(r.status, 200, "{path}: {:?}", r.body);
+        assert_eq!(r.headers["x-content-type-options"], "nosniff", "{path}");
+    }
+}

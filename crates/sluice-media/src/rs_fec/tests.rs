@@ -218,6 +218,61 @@ fn a_late_block_is_refused() {
     assert!(!r.pending());
 }
 
+/// Parity bytes the open blocks hold, counted from the blocks themselves.
+fn held(r: &Recovery) -> usize {
+    r.blocks
+        .iter()
+        .map(|b| b.parity.iter().flatten().map(Vec::len).sum::<usize>())
+        .sum()
+}
+
+/// Attack: `MAX_BLOCKS` blocks of k = 128 numbered ahead of the media (never too old), each
+/// with 127 parity packets of 2,048 bytes and no media to decode them with. They held 8 MiB
+/// per channel outside `buffer_bytes`; at most `MAX_PARITY_BYTES` stay, the newest blocks, and
+/// a real block sent after them is still repaired.
+#[test]
+fn open_blocks_hold_at_most_max_parity_bytes() {
+    let mut r = Recovery::new(1024);
+    r.media(0, &media(0, false));
+    for b in 0..MAX_BLOCKS as u16 {
+        let begin = 2000 + b * 128;
+        for index in 0..127u8 {
+            let h = RsHeader {
+                begin,
+                end: begin + 127,
+                m: 127,
+                index,
+                fec_len: 2048,
+                rtp_len: 2048,
+            };
+            assert!(r.fec(&h, &[0xa5; 2048]));
+        }
+        assert!(held(&r) <= MAX_PARITY_BYTES, "{} bytes held", held(&r));
+    }
+    assert_eq!(held(&r), r.parity_bytes());
+    // The newest block is whole; the oldest went first.
+    let last = r.blocks.last().unwrap();
+    assert_eq!(last.header.begin, 2000 + (MAX_BLOCKS as u16 - 1) * 128);
+    assert_eq!(last.parity.iter().flatten().count(), 127);
+    // A real block still decodes, and what it held goes with it.
+    let packets = block(100, 10);
+    for (i, p) in packets.iter().enumerate() {
+        if i != 3 {
+            r.media(100 + i as u16, p);
+        }
+    }
+    let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
+    for f in encode_block(&refs, 2, 0, 127).unwrap() {
+        let (h, parity) = parse_datagram(&f).unwrap();
+        assert!(r.fec(&h, parity));
+    }
+    assert!(held(&r) <= MAX_PARITY_BYTES);
+    let round = r.repair();
+    assert_eq!(round.rebuilt.len(), 1);
+    assert_eq!(round.rebuilt[0].payload, payload(&packets[3]));
+    assert_eq!(held(&r), r.parity_bytes());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 

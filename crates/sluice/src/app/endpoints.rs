@@ -100,9 +100,16 @@ impl App {
             .and_then(|a| a.to_str().ok());
         let format = metrics::Format::negotiate(accept);
         let mut resp = Response::new(body::full(metrics::exposition(&self.registry, format)));
-        resp.headers_mut().insert(
+        let h = resp.headers_mut();
+        h.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static(format.content_type()),
+        );
+        // Series carry names the operator's sources chose (channels, routes): a browser must not
+        // read the text as anything but its declared type.
+        h.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
         );
         Ok(resp)
     }

@@ -539,7 +539,8 @@ impl Pump {
         let refresh_every = self.settings.refresh.unwrap_or(Duration::from_secs(86_400));
         let mut refresh = tokio::time::interval_at(Instant::now() + refresh_every, refresh_every);
         let channel = self.hub.key.channel();
-        tracing::info!(%channel, interface = %self.hub.key.group.interface, "hub joined");
+        // Per start, and a zapping client starts one per request: the debug log's.
+        tracing::debug!(%channel, interface = %self.hub.key.group.interface, "hub joined");
         let hub = self.hub.clone();
         // Set after a wakeup that emptied the socket: reading waits until then (see READ_SLOT).
         let mut hold: Option<Instant> = None;
@@ -629,9 +630,10 @@ impl Pump {
                     }
                 }
                 _ = refresh.tick(), if self.settings.refresh.is_some() => {
-                    if let Some(sock) = sock.as_ref() {
-                        self.refresh(sock.socket());
-                    }
+                    self.refresh(
+                        sock.as_ref().map(Source::socket),
+                        fec_sock.as_ref().map(AsyncFd::get_ref),
+                    );
                 }
                 _ = hub.wake.notified() => {
                     if let Some(reason) = self.check_idle(&registry) {
@@ -645,7 +647,7 @@ impl Pump {
         }
         // The socket drops here, which leaves the group.
         registry.remove(&self.hub);
-        tracing::info!(%channel, %reason, "hub left");
+        tracing::debug!(%channel, %reason, "hub left");
     }
 
     /// A datagram on the FCC socket: signalling, or burst media to deliver.
@@ -1000,9 +1002,25 @@ impl Pump {
         None
     }
 
-    fn refresh(&mut self, sock: &Socket) {
+    /// Leaves and joins again on the media socket and the FEC socket together: the kernel keeps
+    /// one membership per group and interface for all its sockets, so a leave and join on one
+    /// while the other holds the group changes nothing and sends no report.
+    fn refresh(&mut self, media: Option<&Socket>, fec: Option<&Socket>) {
         let channel = self.hub.key.channel();
-        match multicast::refresh(sock, &self.hub.key.group, self.ifindex) {
+        let group = &self.hub.key.group;
+        let fec_group = self.hub.key.fec_port().map(|port| Group {
+            port,
+            ..group.clone()
+        });
+        let members: Vec<(&Socket, &Group)> = media
+            .map(|s| (s, group))
+            .into_iter()
+            .chain(fec.zip(fec_group.as_ref()))
+            .collect();
+        if members.is_empty() {
+            return;
+        }
+        match multicast::refresh(&members, self.ifindex) {
             Ok(ifindex) => {
                 self.ifindex = ifindex;
                 self.hub.metrics.refreshes.inc();

@@ -71,8 +71,8 @@ pub fn handle(method: &Method, path: &str, headers: &HeaderMap) -> Response<Body
             bytes::Bytes::from_static(HLS_JS_GZ),
             true,
         ),
-        _ => match sluice_media::gzip::decompress(HLS_JS_GZ, HLS_JS_MAX) {
-            Ok(js) => ("text/javascript; charset=utf-8", js.into(), false),
+        _ => match hls_js_inflated() {
+            Ok(js) => ("text/javascript; charset=utf-8", js, false),
             Err(e) => {
                 return super::text(StatusCode::INTERNAL_SERVER_ERROR, &format!("hls.js: {e}\n"))
             }
@@ -107,6 +107,19 @@ pub fn handle(method: &Method, path: &str, headers: &HeaderMap) -> Response<Body
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     resp
+}
+
+/// hls.js inflated for clients without gzip, once: inflating it per request cost each of them
+/// the work of turning 120 KB into 389 KB (and as much memory), as often as it liked to ask.
+fn hls_js_inflated() -> Result<bytes::Bytes, String> {
+    static INFLATED: std::sync::OnceLock<Result<bytes::Bytes, String>> = std::sync::OnceLock::new();
+    INFLATED
+        .get_or_init(|| {
+            sluice_media::gzip::decompress(HLS_JS_GZ, HLS_JS_MAX)
+                .map(bytes::Bytes::from)
+                .map_err(|e| e.to_string())
+        })
+        .clone()
 }
 
 /// `Accept-Encoding` lists gzip (with a non-zero q).
@@ -168,5 +181,36 @@ mod tests {
             js.len().to_string()
         );
         assert!(String::from_utf8_lossy(&js[..200]).contains("function"));
+    }
+
+    /// The body of a `handle` answer, as the one buffer it was given.
+    fn body_of(resp: Response<Body>) -> bytes::Bytes {
+        use http_body_util::BodyExt;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let frame = rt.block_on(resp.into_body().frame()).unwrap().unwrap();
+        frame.into_data().unwrap()
+    }
+
+    /// hls.js for a client without gzip is the same bytes as inflating it on the spot, from
+    /// one buffer inflated once (each request inflated 120 KB into 389 KB of its own before).
+    #[test]
+    fn hls_js_is_inflated_once_for_clients_without_gzip() {
+        let want = sluice_media::gzip::decompress(HLS_JS_GZ, HLS_JS_MAX).unwrap();
+        let first = body_of(handle(&Method::GET, "/player/hls.js", &HeaderMap::new()));
+        let second = body_of(handle(&Method::GET, "/player/hls.js", &HeaderMap::new()));
+        assert_eq!(&first[..], &want[..]);
+        assert_eq!(&second[..], &want[..]);
+        assert_eq!(
+            first.as_ptr(),
+            second.as_ptr(),
+            "each request inflated a copy of its own"
+        );
+        // Gzip-taking clients still get the embedded bytes as they are.
+        let mut gz = HeaderMap::new();
+        gz.insert(header::ACCEPT_ENCODING, "gzip".parse().unwrap());
+        let gzipped = body_of(handle(&Method::GET, "/player/hls.js", &gz));
+        assert_eq!(&gzipped[..], HLS_JS_GZ);
     }
 }

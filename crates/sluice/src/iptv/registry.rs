@@ -7,6 +7,11 @@
 //! covers its subscriptions and the hubs it started that nobody watches yet or any more (a
 //! lingering group, an RTSP session still being set up after its viewer left): asking for
 //! channels and hanging up at once would otherwise hold `max_channels` for `linger_ms`.
+//!
+//! A client also starts multicast channels at a bounded rate (`Starts`): at its share, each
+//! new channel it asks for releases its oldest lingering one at once, so without a bound a
+//! client asking for new groups and hanging up made one IGMP join and one leave per request,
+//! as fast as it could ask, and every group left kept flowing for the routers' leave latency.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -14,6 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -47,10 +53,72 @@ pub enum Refusal {
     PerHub(usize),
     #[error("gateway is at its limit of {0} channels")]
     Hubs(usize),
-    #[error("this client is at its limit of {0} channels at once")]
-    PerClient(usize),
+    /// Past one of the client's own bounds: a 429 booked to it (`max_per_client`).
+    #[error("{0}")]
+    PerClient(ClientLimit),
     #[error("cannot join: {0}")]
     Join(#[from] std::io::Error),
+}
+
+impl Refusal {
+    /// Seconds after which asking again can succeed, when the refusal knows (`Retry-After`).
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Refusal::PerClient(ClientLimit::Starts { retry_after, .. }) => Some(*retry_after),
+            _ => None,
+        }
+    }
+}
+
+/// Which of a client's bounds a request went past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ClientLimit {
+    /// `max_subscribers_per_client`: channels watched, and unwatched ones it started.
+    #[error("this client is at its limit of {0} channels at once")]
+    Channels(usize),
+    /// New multicast channels started faster than `per_window` per `START_WINDOW`.
+    #[error(
+        "this client is starting new channels too fast (at most {per_window} every {}s); try again in {retry_after} s",
+        START_WINDOW.as_secs()
+    )]
+    Starts { per_window: usize, retry_after: u64 },
+}
+
+/// The window a client's multicast starts are counted over: about the time a router keeps a
+/// group flowing after the last leave (IGMPv2's last-member query interval times its
+/// robustness, 1 s × 2). A client may start its share (`max_subscribers_per_client`) of new
+/// channels per window, so what it makes flow at once stays a few times its share: the groups
+/// it holds, those it left within the window, and a burst.
+pub const START_WINDOW: Duration = Duration::from_secs(2);
+
+/// Starts a client may make at once, whatever its share: a viewer paging through a few
+/// channels is not slowed (its share is also the burst when it is larger).
+pub const START_BURST: usize = 8;
+
+/// Clients' start buckets are looked over for full ones (forgotten) past this many.
+const STARTS_KEPT: usize = 256;
+
+/// One client's multicast starts: a token bucket of `per_client.max(START_BURST)` starts,
+/// refilled at `per_client` per `START_WINDOW`. A full bucket is the same as none, so full
+/// ones are dropped.
+#[derive(Debug, Clone, Copy)]
+struct Starts {
+    /// Starts left, in thousandths.
+    milli: u64,
+    at: Instant,
+}
+
+impl Starts {
+    /// The bucket at `now`, refilled; `capacity` and `per_window` in starts.
+    fn at(self, now: Instant, capacity: u64, per_window: u64) -> Starts {
+        let elapsed = now.saturating_duration_since(self.at).as_millis() as u64;
+        let refill = elapsed.saturating_mul(per_window).saturating_mul(1000)
+            / (START_WINDOW.as_millis() as u64);
+        Starts {
+            milli: self.milli.saturating_add(refill).min(capacity * 1000),
+            at: now,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -59,6 +127,8 @@ pub struct Registry {
     total: AtomicUsize,
     /// Subscriptions held per client address (`client_of`; entries leave at zero).
     clients: Mutex<HashMap<IpAddr, usize>>,
+    /// Multicast starts left per client address (`client_of`; full buckets are forgotten).
+    starts: Mutex<HashMap<IpAddr, Starts>>,
     next_id: AtomicU64,
     pub metrics: Metrics,
     pub settings: HubSettings,
@@ -71,6 +141,7 @@ impl Registry {
             hubs: Mutex::new(HashMap::new()),
             total: AtomicUsize::new(0),
             clients: Mutex::new(HashMap::new()),
+            starts: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             metrics,
             settings,
@@ -97,7 +168,14 @@ impl Registry {
         // Checked before a hub is started: one client must not make the gateway join groups
         // (or exhaust `max_channels`) beyond its share.
         let client = peer.map(|p| client_of(p.ip()));
+        // A multicast group this request would join: bounded per client in rate too (an RTSP
+        // session joins nothing, and its own places bound it).
+        let joins = key.rtsp.is_none() && !table.contains_key(&key);
         if let Some(client) = client {
+            self.check_share(client)?;
+            if joins {
+                self.check_starts(client, Instant::now())?;
+            }
             self.make_room(&mut table, client, &key)?;
         }
         let hub = match table.get(&key) {
@@ -113,6 +191,9 @@ impl Registry {
                     channel: label_value(&key.channel()),
                     interface: label_value(&key.group.interface),
                 };
+                if let (Some(client), true) = (client, joins) {
+                    self.spend_start(client, Instant::now());
+                }
                 // FCC only matters to a hub that is starting: an existing one already has
                 // the stream (and its history) for the new subscriber.
                 let started = Hub::start(
@@ -144,10 +225,73 @@ impl Registry {
         Ok(self.attach(hub, peer))
     }
 
+    /// Refuses a client that watches its whole share already (nothing to release for it).
+    fn check_share(&self, client: IpAddr) -> Result<(), Refusal> {
+        let limit = self.limits.per_client;
+        if over(limit, self.watching(client)) {
+            return Err(Refusal::PerClient(ClientLimit::Channels(limit)));
+        }
+        Ok(())
+    }
+
+    fn watching(&self, client: IpAddr) -> usize {
+        lock(&self.clients).get(&client).copied().unwrap_or(0)
+    }
+
+    /// The start bucket's size and refill per `START_WINDOW`; `None` when unbounded
+    /// (`max_subscribers_per_client = 0`: lingering groups are then bounded by
+    /// `max_channels` and `linger_ms`, none is released early).
+    fn start_bucket(&self) -> Option<(u64, u64)> {
+        let share = self.limits.per_client as u64;
+        (share > 0).then(|| (share.max(START_BURST as u64), share))
+    }
+
+    /// Refuses a client that started its bucket's worth of multicast channels lately.
+    fn check_starts(&self, client: IpAddr, now: Instant) -> Result<(), Refusal> {
+        let Some((capacity, per_window)) = self.start_bucket() else {
+            return Ok(());
+        };
+        let Some(bucket) = lock(&self.starts).get(&client).copied() else {
+            return Ok(());
+        };
+        let bucket = bucket.at(now, capacity, per_window);
+        if bucket.milli >= 1000 {
+            return Ok(());
+        }
+        // The wait for the next whole start, rounded up to a second (at least one).
+        let window = START_WINDOW.as_millis() as u64;
+        let wait_ms = ((1000 - bucket.milli) * window).div_ceil(1000 * per_window);
+        Err(Refusal::PerClient(ClientLimit::Starts {
+            per_window: per_window as usize,
+            retry_after: wait_ms.div_ceil(1000).max(1),
+        }))
+    }
+
+    /// Takes one start from `client`'s bucket (checked by `check_starts` under the same lock).
+    fn spend_start(&self, client: IpAddr, now: Instant) {
+        let Some((capacity, per_window)) = self.start_bucket() else {
+            return;
+        };
+        let mut starts = lock(&self.starts);
+        if starts.len() >= STARTS_KEPT {
+            // Full buckets are no bucket: forget them (a bucket is full again one window
+            // after its client's last start, so only recent starters are kept).
+            starts.retain(|_, b| b.at(now, capacity, per_window).milli < capacity * 1000);
+        }
+        let full = Starts {
+            milli: capacity * 1000,
+            at: now,
+        };
+        let bucket = starts.entry(client).or_insert(full);
+        *bucket = bucket.at(now, capacity, per_window);
+        bucket.milli = bucket.milli.saturating_sub(1000);
+    }
+
     /// Frees a place in `client`'s share for the channel `key`, or refuses. Its unwatched
     /// hubs count (the one for `key` would be watched again); when its subscriptions alone
     /// leave room, the oldest of them is released at once rather than refusing, so a viewer
-    /// zapping quickly keeps zapping and merely loses the linger of the channels it left.
+    /// zapping quickly keeps zapping (at the rate `check_starts` allows) and merely loses the
+    /// linger of the channels it left.
     fn make_room(
         &self,
         table: &mut HashMap<HubKey, Arc<Hub>>,
@@ -158,7 +302,7 @@ impl Registry {
         if limit == 0 {
             return Ok(());
         }
-        let watching = lock(&self.clients).get(&client).copied().unwrap_or(0);
+        let watching = self.watching(client);
         loop {
             let mut unwatched: Vec<Arc<Hub>> = table
                 .values()
@@ -169,11 +313,12 @@ impl Registry {
                 return Ok(());
             }
             if over(limit, watching) || unwatched.is_empty() {
-                return Err(Refusal::PerClient(limit));
+                return Err(Refusal::PerClient(ClientLimit::Channels(limit)));
             }
             unwatched.sort_by_key(|h| h.created);
             let oldest = &unwatched[0];
-            tracing::info!(channel = %oldest.key.channel(), "released early: its client needs the place");
+            // Per request of a zapping client: not for the info log.
+            tracing::debug!(channel = %oldest.key.channel(), "released early: its client needs the place");
             self.unlink(table, oldest);
             oldest.wake.notify_one();
         }
@@ -299,6 +444,12 @@ impl Drop for Subscription {
         self.registry.metrics.subscribers.dec();
         self.hub.metrics.subscribers.dec();
         if self.hub.subscribers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Nobody watches it now: the client leaving last answers for its linger, on its
+            // share. Cleared when another client started watching it, the hub would otherwise
+            // linger on nobody's (A starts it, B watches it too, both hang up). A subscriber
+            // joining meanwhile clears this again in `attach`, or leaves it harmless: a
+            // watched hub counts against no one's share.
+            *lock(&self.hub.starter) = self.client.peer.map(|p| client_of(p.ip()));
             self.hub.wake.notify_one();
         }
     }

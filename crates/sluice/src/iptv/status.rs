@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::Stream;
+use http::{header, HeaderValue, Method, Response};
 use http_body::Frame;
 use serde::Serialize;
 
 use super::hub::Hub;
 use super::registry::{lock, Registry};
-use crate::body::BoxError;
+use crate::body::{self, Body, BoxError};
 
 #[derive(Debug, Serialize)]
 pub struct Snapshot {
@@ -147,21 +148,29 @@ pub fn events(
     })
 }
 
-/// The status page: a table refreshed from `/status/events`.
-pub const PAGE: &str = r#"<!doctype html>
+/// The status page: a table refreshed from `/status/events`, its script and style in files of
+/// their own beside it (`/status/status.js`, `/status/status.css`) so its Content-Security-Policy
+/// allows no inline code. `{{dir}}` is where they are relative to the page's URL: `status/` from
+/// `/status`, nothing from `/status/` (relative, so a token prefix in the path carries over).
+const PAGE: &str = r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>sluice IPTV status</title>
-<style>
-body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
+<link rel="stylesheet" href="{{dir}}status.css">
+<script src="{{dir}}status.js" defer></script>
+</head><body>
+<h1>IPTV gateway</h1>
+<p id="summary">connecting…</p>
+<div id="hubs"></div>
+</body></html>
+"#;
+
+const STYLE: &str = r#"body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin-bottom:1.5em}
 th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
 th:first-child,td:first-child{text-align:left}
 .bad{color:#b00;font-weight:600}
-</style></head><body>
-<h1>IPTV gateway</h1>
-<p id="summary">connecting…</p>
-<div id="hubs"></div>
-<script>
-const rate = b => b >= 1e6 ? (b / 1e6).toFixed(2) + ' Mb/s' : (b / 1e3).toFixed(0) + ' kb/s';
+"#;
+
+const SCRIPT: &str = r#"const rate = b => b >= 1e6 ? (b / 1e6).toFixed(2) + ' Mb/s' : (b / 1e3).toFixed(0) + ' kb/s';
 const esc = s => String(s).replace(/[&<>"]/g, c => ({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));
 const cell = (v, bad) => `<td class="${bad ? 'bad' : ''}">${esc(v)}</td>`;
 function render(s) {
@@ -182,9 +191,118 @@ function render(s) {
       ${cell((c.bytes_out / 1e6).toFixed(1) + ' MB')}${cell(c.lag_bytes ?? 'lapped')}${cell(c.skips, c.skips)}</tr>`).join('')}
     </table>`).join('');
 }
-// Relative to this page, so a token prefix in the path (/_token_…/status) carries over.
+// Relative to the page (this script runs in it), so a token prefix in the path
+// (/_token_…/status) carries over.
 const es = new EventSource(location.pathname.replace(/\/?$/, '') + '/events');
 es.onmessage = e => render(JSON.parse(e.data));
 es.onerror = () => document.getElementById('summary').textContent = 'disconnected, retrying…';
-</script></body></html>
 "#;
+
+/// Same-origin script, style and event stream only; no inline code, plugins, frames or forms;
+/// framed by no one. As the player's, less what playing media needs.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+                   img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+/// The page and its files: `/status`, `/status/`, `/status/status.js`, `/status/status.css`.
+pub fn serves_page(path: &str) -> bool {
+    matches!(
+        path,
+        "/status" | "/status/" | "/status/status.js" | "/status/status.css"
+    )
+}
+
+/// One of [`serves_page`]'s paths (GET or HEAD, checked by the caller), with the headers the
+/// other pages have: the policy above, `nosniff`, no referrer, no framing. No `Cache-Control`:
+/// the answers behind the password are made `private, no-store`.
+pub fn page(method: &Method, path: &str) -> Response<Body> {
+    let (content_type, text): (&'static str, Bytes) = match path {
+        "/status/status.js" => (
+            "text/javascript; charset=utf-8",
+            Bytes::from_static(SCRIPT.as_bytes()),
+        ),
+        "/status/status.css" => (
+            "text/css; charset=utf-8",
+            Bytes::from_static(STYLE.as_bytes()),
+        ),
+        "/status/" => (
+            "text/html; charset=utf-8",
+            PAGE.replace("{{dir}}", "").into(),
+        ),
+        _ => (
+            "text/html; charset=utf-8",
+            PAGE.replace("{{dir}}", "status/").into(),
+        ),
+    };
+    let len = text.len();
+    let payload = if method == Method::HEAD {
+        body::empty()
+    } else {
+        body::full(text)
+    };
+    let mut resp = Response::new(payload);
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn text(resp: Response<Body>) -> String {
+        use http_body_util::BodyExt;
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    /// Every `<script>` and stylesheet of the page names a same-origin file its policy allows,
+    /// and none has a body; from `/status` and `/status/` alike, each resolves to a file served.
+    #[tokio::test]
+    async fn the_page_holds_no_inline_code_and_its_files_are_served() {
+        for (path, dir) in [("/status", "/status/"), ("/status/", "/status/")] {
+            let resp = page(&Method::GET, path);
+            assert_eq!(resp.headers()[header::CONTENT_SECURITY_POLICY], CSP);
+            let html = text(resp).await;
+            assert!(!html.contains("<style"), "{html}");
+            let scripts: Vec<&str> = html.split("<script").skip(1).collect();
+            assert_eq!(scripts.len(), 1, "{html}");
+            for tag in scripts {
+                assert!(tag.contains("></script>"), "{path}: {tag}");
+            }
+            // Resolved as a browser would against the page's URL.
+            let base = &path[..=path.rfind('/').unwrap()];
+            for (attr, file) in [("src=\"", "status.js"), ("href=\"", "status.css")] {
+                let at = html.find(attr).unwrap() + attr.len();
+                let rel = &html[at..at + html[at..].find('"').unwrap()];
+                let resolved = format!("{base}{rel}");
+                assert_eq!(resolved, format!("{dir}{file}"), "{path}");
+                assert!(serves_page(&resolved), "{resolved}");
+            }
+        }
+        let js = text(page(&Method::GET, "/status/status.js")).await;
+        assert!(js.contains("new EventSource("), "{js}");
+        let css = text(page(&Method::GET, "/status/status.css")).await;
+        assert!(css.contains(".bad{"), "{css}");
+        // A HEAD gets the length, not the body.
+        let head = page(&Method::HEAD, "/status/status.js");
+        assert_eq!(
+            head.headers()[header::CONTENT_LENGTH],
+            SCRIPT.len().to_string()
+        );
+        assert!(text(head).await.is_empty());
+    }
+}

@@ -9,7 +9,11 @@
 //! - Source-specific joins use `MCAST_JOIN_SOURCE_GROUP`, the protocol-independent form that
 //!   takes an interface index (`IP_ADD_SOURCE_MEMBERSHIP` only takes an interface address).
 //! - Refresh is leave-then-join on the same socket: without `CAP_NET_RAW` it is the only way
-//!   to make the kernel send a fresh report, and the gap is two back-to-back syscalls.
+//!   to make the kernel send a fresh report, and the gap is two back-to-back syscalls. The
+//!   kernel keeps one membership per (group, interface), shared by every socket that joined
+//!   it, and reports only when the first joins or the last leaves: a leave and join on one
+//!   socket while another holds the group sends nothing. So a hub's sockets on one group (its
+//!   media and its FEC port) all leave before any joins again.
 
 use std::ffi::CString;
 use std::io;
@@ -82,14 +86,42 @@ pub fn open(g: &Group, recv_buffer: usize) -> io::Result<Socket> {
     Ok(sock)
 }
 
-/// Leaves and joins again so routers and snooping switches see a fresh report. Returns the
-/// interface index used, which changes when the interface was recreated.
-pub fn refresh(sock: &Socket, g: &Group, old_ifindex: u32) -> io::Result<u32> {
-    // Best effort: the old membership may already be gone with its interface.
-    let _ = leave(sock, g, old_ifindex);
-    let ifindex = interface_index(&g.interface)?;
-    join(sock, g, ifindex)?;
-    Ok(ifindex)
+/// Leaves on every socket of `members`, then joins on every one again, so routers and
+/// snooping switches see a fresh report (the kernel sends one only when the membership all of
+/// them share goes and comes back). All name one interface. Returns the interface index used,
+/// which changes when the interface was recreated.
+pub fn refresh(members: &[(&Socket, &Group)], old_ifindex: u32) -> io::Result<u32> {
+    refresh_by(members, old_ifindex, |sock, g, ifindex, joining| {
+        if joining {
+            join(sock, g, ifindex)
+        } else {
+            leave(sock, g, ifindex)
+        }
+    })
+}
+
+/// `refresh`, with the leave or join (`true`) of one socket done by `op`.
+fn refresh_by(
+    members: &[(&Socket, &Group)],
+    old_ifindex: u32,
+    mut op: impl FnMut(&Socket, &Group, u32, bool) -> io::Result<()>,
+) -> io::Result<u32> {
+    let Some((_, first)) = members.first() else {
+        return Ok(old_ifindex);
+    };
+    for (sock, g) in members {
+        // Best effort: the old membership may already be gone with its interface.
+        let _ = op(sock, g, old_ifindex, false);
+    }
+    let ifindex = interface_index(&first.interface)?;
+    // Every socket is joined again even when one fails: the first error is the answer.
+    let mut failed = None;
+    for (sock, g) in members {
+        if let Err(e) = op(sock, g, ifindex, true) {
+            failed.get_or_insert(e);
+        }
+    }
+    failed.map_or(Ok(ifindex), Err)
 }
 
 fn join(sock: &Socket, g: &Group, ifindex: u32) -> io::Result<()> {
@@ -192,4 +224,72 @@ pub fn sender(interface: &str, v6: bool) -> io::Result<Socket> {
         sock.set_multicast_loop_v4(true)?;
     }
     Ok(sock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Users` of `group`'s membership on `lo` in `/proc/net/igmp`, if it is joined there.
+    fn users_on_lo(group: Ipv4Addr) -> Option<u32> {
+        // The kernel prints the address as a host-order (little-endian) hex word.
+        let hex = format!("{:08X}", u32::from_le_bytes(group.octets()));
+        let text = std::fs::read_to_string("/proc/net/igmp").unwrap();
+        let mut device = "";
+        for line in text.lines().skip(1) {
+            if !line.starts_with('\t') {
+                device = line.split_whitespace().nth(1).unwrap_or("");
+                continue;
+            }
+            let mut cols = line.split_whitespace();
+            if device == "lo" && cols.next() == Some(hex.as_str()) {
+                return cols.next().and_then(|u| u.parse().ok());
+            }
+        }
+        None
+    }
+
+    /// A hub with `?fec=` holds its group on two sockets (media and FEC port). Refreshing them
+    /// leaves the kernel's shared membership gone before the first join, which is what makes
+    /// it send a report; a leave and join on one socket at a time never dropped it (the other
+    /// held it), so a refresh sent nothing at all.
+    #[test]
+    fn a_group_held_by_two_sockets_is_left_by_both_before_either_joins() {
+        let group = Ipv4Addr::new(239, 77, 4, 1);
+        let member = |port| Group {
+            group: group.into(),
+            port,
+            source: None,
+            interface: "lo".into(),
+        };
+        let (media, fec) = (member(46701), member(46703));
+        let media_sock = open(&media, 1 << 16).unwrap();
+        let fec_sock = open(&fec, 1 << 16).unwrap();
+        assert_eq!(users_on_lo(group), Some(2));
+        let ifindex = interface_index("lo").unwrap();
+        // What `/proc/net/igmp` said just before each join.
+        let mut before_joins = Vec::new();
+        let members = [(&media_sock, &media), (&fec_sock, &fec)];
+        let got = refresh_by(&members, ifindex, |sock, g, i, joining| {
+            if joining {
+                before_joins.push(users_on_lo(group));
+                join(sock, g, i)
+            } else {
+                leave(sock, g, i)
+            }
+        })
+        .unwrap();
+        assert_eq!(got, ifindex);
+        assert_eq!(
+            before_joins,
+            [None, Some(1)],
+            "the group's membership on lo before each join"
+        );
+        assert_eq!(users_on_lo(group), Some(2), "both sockets joined again");
+        // The real one does the same (its effect seen only as the membership kept).
+        assert_eq!(refresh(&members, ifindex).unwrap(), ifindex);
+        assert_eq!(users_on_lo(group), Some(2));
+        drop((media_sock, fec_sock));
+        assert_eq!(users_on_lo(group), None);
+    }
 }

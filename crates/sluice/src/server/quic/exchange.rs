@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use h3::error::Code;
 use h3::server::{RequestResolver, RequestStream};
-use http::{header, HeaderMap, Request, Response};
+use http::{header, HeaderMap, Method, Request, Response};
 use http_body_util::BodyExt;
 use sluice_http::framing::{check_request, padded, FramingError};
 
@@ -131,7 +131,8 @@ pub async fn serve<H: Handler>(
                 // the body of a GET, or of a request declared empty, to find the error in it.
                 tracing::debug!(%peer, "HTTP/3 request declared no body and sent one: refused");
                 let _answering = shared.activity.begin();
-                refuse_bad_body(&shared, &mut send).await;
+                let head = req.method() == Method::HEAD;
+                refuse_bad_body(&shared, &mut send, head).await;
             } else {
                 // The stream or the connection is gone (reset, a frame error): no one to answer.
                 tracing::debug!(%peer, error = %e, "HTTP/3 request ended before its head did");
@@ -145,6 +146,11 @@ pub async fn serve<H: Handler>(
     // of a head that declares no body) it was only a head, rejected if a drain began: a client
     // opening stream after stream that never gets this far does not keep a connection open.
     let _stream = shared.activity.begin();
+    // A HEAD's answer is its head alone (RFC 9110 §9.3.2), whatever body the handler gives it
+    // (`/metrics`, `/health`, the status page and its endless event stream, every error): the
+    // vendored h3 does not track the method, so `respond` leaves the body out, as the HTTP/2
+    // server (`Framing::head`) and hyper's HTTP/1.1 do.
+    let head = req.method() == Method::HEAD;
     let mut req: Request<Incoming> = req.map(|()| Incoming::adapted(body));
     // As over TCP: none for the main listener (see `ListenerId`).
     if shared.listener != ListenerId::default() {
@@ -169,7 +175,7 @@ pub async fn serve<H: Handler>(
             return;
         }
     };
-    match respond(&mut send, resp, shared.send_timeout).await {
+    match respond(&mut send, resp, head, shared.send_timeout).await {
         Ok(()) => {}
         Err(SendError::Stalled(_)) => {
             shared.handler.http_metrics().send_timeouts.inc();
@@ -222,8 +228,8 @@ async fn resolve(
 }
 
 /// Answers a malformed request body with the 400 the proxy gives one it finds while forwarding
-/// (`bad_body`, booked to the client).
-async fn refuse_bad_body<H: Handler>(shared: &Shared<H>, send: &mut Responder) {
+/// (`bad_body`, booked to the client); to a HEAD, without its body.
+async fn refuse_bad_body<H: Handler>(shared: &Shared<H>, send: &mut Responder, head: bool) {
     let e = crate::error::ProxyError::downstream(
         http::StatusCode::BAD_REQUEST,
         "bad_body",
@@ -238,7 +244,7 @@ async fn refuse_bad_body<H: Handler>(shared: &Shared<H>, send: &mut Responder) {
             kind: e.kind,
         })
         .inc();
-    if let Err(e) = respond(send, e.into_response(), shared.send_timeout).await {
+    if let Err(e) = respond(send, e.into_response(), head, shared.send_timeout).await {
         tracing::debug!(error = %e, "HTTP/3 refusal not sent");
     }
 }
@@ -299,12 +305,23 @@ enum SendError {
     Cancelled,
 }
 
+/// Sends `resp` on the stream and ends it. `head_only` (the answer to a HEAD): the head alone,
+/// its fields as the handler set them (a `Content-Length` saying what a GET would get, as
+/// RFC 9110 §8.6 allows), and the body dropped unpolled, so a producer that never ends (the
+/// status page's events) stops at once rather than feeding a stream no one reads.
 async fn respond(
     send: &mut Responder,
     resp: Response<crate::body::Body>,
+    head_only: bool,
     limit: Duration,
 ) -> Result<(), SendError> {
-    let (mut parts, mut body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
+    let mut body = if head_only {
+        drop(body);
+        None
+    } else {
+        Some(body)
+    };
     strip_connection_fields(&mut parts.headers);
     // Dated as HTTP/1.1 and HTTP/2 answers are (RFC 9110 section 6.6.1).
     if !parts.headers.contains_key(header::DATE) {
@@ -325,7 +342,7 @@ async fn respond(
     // gone, ends it while it waits for the body's next piece, as an HTTP/2 stream's reset does:
     // dropping the body drops the upstream fetch behind it.
     let mut stopped = std::pin::pin!(send.transport().stopped());
-    loop {
+    while let Some(body) = body.as_mut() {
         let frame = tokio::select! {
             biased;
             frame = body.frame() => frame,
