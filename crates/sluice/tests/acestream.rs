@@ -25,11 +25,13 @@ const PW: &str = "ace-api-password-5521";
 const ID: &str = "0123456789abcdef0123456789abcdef01234567";
 /// Another channel the engine knows.
 const OTHER: &str = "fedcba9876543210fedcba9876543210fedcba98";
-/// A channel whose `getstream` the engine answers after [`SLOW_START`].
+/// A channel whose `getstream` the engine answers only once the test lets it
+/// ([`Counts::slow_answers`], one permit per answer).
 const SLOW: &str = "5555555555555555555555555555555555555555";
-const SLOW_START: Duration = Duration::from_secs(1);
-/// Well-formed, but the engine does not know it: `{"error": ...}`.
+/// Well-formed, but the engine does not know it: `{"error": "missing content"}`.
 const UNKNOWN: &str = "dddddddddddddddddddddddddddddddddddddddd";
+/// The engine fails on its own side: `{"error": ...}` that is not "not found".
+const FAILING: &str = "ffffffffffffffffffffffffffffffffffffffff";
 /// The engine answers it with something that is not its JSON.
 const GARBLED: &str = "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
 /// Channels whose `stat` the engine answers only once all three are asked at the same time.
@@ -43,15 +45,34 @@ const HANGING: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 const CHUNK: usize = 188 * 40;
 const CHUNKS: usize = 600;
 
-#[derive(Default)]
 struct Counts {
     getstream: AtomicUsize,
     manifest: AtomicUsize,
     playback: AtomicUsize,
     stop: AtomicUsize,
+    /// The most engine sessions open at once: `getstream` requests less `stop` commands, at
+    /// each `getstream`.
+    most_open: AtomicUsize,
+    /// Permits for answering [`SLOW`]'s `getstream`.
+    slow_answers: tokio::sync::Semaphore,
     /// `stat` requests for the [`TOGETHER`] channels so far, and their wake-up.
     together: AtomicUsize,
     all_together: tokio::sync::Notify,
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Counts {
+            getstream: AtomicUsize::new(0),
+            manifest: AtomicUsize::new(0),
+            playback: AtomicUsize::new(0),
+            stop: AtomicUsize::new(0),
+            most_open: AtomicUsize::new(0),
+            slow_answers: tokio::sync::Semaphore::new(0),
+            together: AtomicUsize::new(0),
+            all_together: tokio::sync::Notify::new(),
+        }
+    }
 }
 
 fn stream_bytes() -> Bytes {
@@ -90,7 +111,7 @@ fn full(body: impl Into<Bytes>) -> BoxBody {
 }
 
 /// The engine's answer to opening a session for the channel `id` asks for.
-async fn engine_session(query: &str, kind: &str) -> Response<BoxBody> {
+async fn engine_session(query: &str, kind: &str, c: &Counts) -> Response<BoxBody> {
     // The engine names itself by an address the proxy must not trust.
     let me = "http://engine.internal:6878";
     let id = url::form_urlencoded::parse(query.as_bytes())
@@ -103,10 +124,13 @@ async fn engine_session(query: &str, kind: &str) -> Response<BoxBody> {
     };
     let body = match id.as_str() {
         UNKNOWN => r#"{"response":null,"error":"missing content"}"#.to_string(),
+        FAILING => {
+            r#"{"response":null,"error":"Internal error: no space left on device"}"#.to_string()
+        }
         GARBLED => "<html>engine busy</html>".to_string(),
         _ => {
             if id == SLOW && kind == "s1" {
-                tokio::time::sleep(SLOW_START).await;
+                c.slow_answers.acquire().await.unwrap().forget();
             }
             format!(
                 r#"{{"response":{{"playback_url":"{me}{playback}","stat_url":"{me}/ace/stat/{id}/{kind}","command_url":"{me}/ace/cmd/{id}/{kind}","infohash":"{id}","playback_session_id":"{kind}","is_live":1,"is_encrypted":0}},"error":null}}"#
@@ -121,12 +145,14 @@ async fn engine_answer(req: Request<Incoming>, c: &Counts) -> Response<BoxBody> 
     let query = req.uri().query().unwrap_or("").to_string();
     match path.as_str() {
         "/ace/getstream" if query.contains("format=json") => {
-            c.getstream.fetch_add(1, Ordering::SeqCst);
-            engine_session(&query, "s1").await
+            let started = c.getstream.fetch_add(1, Ordering::SeqCst) + 1;
+            let open = started - c.stop.load(Ordering::SeqCst);
+            c.most_open.fetch_max(open, Ordering::SeqCst);
+            engine_session(&query, "s1", c).await
         }
         "/ace/manifest.m3u8" => {
             c.manifest.fetch_add(1, Ordering::SeqCst);
-            engine_session(&query, "h1").await
+            engine_session(&query, "h1", c).await
         }
         p if p.starts_with("/ace/r/") && p.ends_with("/s1") => {
             c.playback.fetch_add(1, Ordering::SeqCst);
@@ -418,13 +444,24 @@ async fn hls_manifest_head_and_bad_input() {
 
 /// A viewer that hangs up while the engine is still answering `getstream` (a slow P2P start),
 /// again and again: every engine session opened is told to stop. Cancelling the start with the
-/// viewer's request left the engine's session running, known to nobody, one more per try.
+/// viewer's request left the engine's session running, known to nobody, one more per try. A
+/// session closed while starting still counts toward `max_sessions` and its client's share until
+/// the engine has answered and been told `stop`: closing it at once let a client open engine
+/// sessions past the pool at the rate of its requests.
 #[tokio::test]
 async fn a_viewer_leaving_while_the_engine_starts_leaves_no_engine_session() {
-    // No linger: the session closes as soon as its viewer leaves, before the engine answers.
-    let (_engine, counts, s) = setup(0).await;
-    const TRIES: usize = 3;
-    for n in 1..=TRIES {
+    // No linger: the session closes as soon as its viewer leaves, before the engine answers. A
+    // pool of 2: a share of 1 for the one client.
+    let (_engine, counts, s) = setup_with(0, |c| {
+        c.upstream.allow_private = true;
+        c.media.acestream.max_sessions = 2;
+    })
+    .await;
+    const TRIES: usize = 6;
+    let mut refused = 0;
+    // Asks for SLOW and hangs up once the engine has the request; true if sluice refused it.
+    let try_once = || async {
+        let before = counts.getstream.load(Ordering::SeqCst);
         let mut conn = tokio::net::TcpStream::connect(s.addr).await.unwrap();
         let req = format!(
             "GET /proxy/acestream/stream?id={SLOW}&api_password={PW} HTTP/1.1\r\nhost: x\r\n\r\n"
@@ -432,8 +469,16 @@ async fn a_viewer_leaving_while_the_engine_starts_leaves_no_engine_session() {
         tokio::io::AsyncWriteExt::write_all(&mut conn, req.as_bytes())
             .await
             .unwrap();
-        // The engine has the request: hang up while it starts.
-        wait_for("getstream", || counts.getstream.load(Ordering::SeqCst) == n).await;
+        let mut head = [0u8; 12];
+        let refused = tokio::select! {
+            r = tokio::io::AsyncReadExt::read_exact(&mut conn, &mut head) => {
+                r.unwrap();
+                assert_eq!(&head, b"HTTP/1.1 503", "{}", String::from_utf8_lossy(&head));
+                true
+            }
+            // The engine has the request: hang up while it starts.
+            _ = wait_for("getstream", || counts.getstream.load(Ordering::SeqCst) > before) => false,
+        };
         drop(conn);
         // The session is gone before the next try (so each try is a fresh start).
         let status = s.url(&format!("/proxy/acestream/status?api_password={PW}"));
@@ -446,9 +491,33 @@ async fn a_viewer_leaving_while_the_engine_starts_leaves_no_engine_session() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert!(gone, "the session outlived its only viewer");
+        refused
+    };
+    // The engine answers none of them meanwhile.
+    for _ in 0..TRIES {
+        refused += usize::from(try_once().await);
     }
+    let most = counts.most_open.load(Ordering::SeqCst);
+    assert!(
+        most <= 1,
+        "{most} engine sessions open at once for a share of 1 (max_sessions 2)"
+    );
+    assert_eq!(refused, TRIES - 1);
+    // The engine answers: the session is told to stop, and its place is free again.
+    counts.slow_answers.add_permits(1);
+    wait_for("stop", || counts.stop.load(Ordering::SeqCst) == 1).await;
+    let mut again = false;
+    for _ in 0..100 {
+        if !try_once().await {
+            again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(again, "the place stayed taken after the engine answered");
+    counts.slow_answers.add_permits(1);
     // Each engine session, once the engine answered, was told to stop.
-    let stopped = wait_until(|| counts.stop.load(Ordering::SeqCst) >= TRIES).await;
+    let stopped = wait_until(|| counts.stop.load(Ordering::SeqCst) >= 2).await;
     let (starts, stops) = (
         counts.getstream.load(Ordering::SeqCst),
         counts.stop.load(Ordering::SeqCst),
@@ -457,7 +526,8 @@ async fn a_viewer_leaving_while_the_engine_starts_leaves_no_engine_session() {
         stopped && starts == stops,
         "{starts} engine sessions started, {stops} stopped"
     );
-    assert_eq!(starts, TRIES);
+    assert_eq!(starts, 2);
+    assert_eq!(counts.most_open.load(Ordering::SeqCst), 1);
     assert_eq!(
         counts.playback.load(Ordering::SeqCst),
         0,
@@ -481,9 +551,9 @@ async fn wait_for(what: &str, done: impl Fn() -> bool) {
 }
 
 /// An id the engine does not know is the client's mistake (404); an answer that is not the
-/// engine's JSON is the engine's (502).
+/// engine's JSON, or an error of the engine's own, is the engine's (502).
 #[tokio::test]
-async fn an_unknown_id_is_not_found_and_a_garbled_answer_a_bad_gateway() {
+async fn an_unknown_id_is_not_found_and_a_garbled_or_failed_answer_a_bad_gateway() {
     let (_engine, counts, s) = setup(30).await;
     for endpoint in ["stream", "manifest.m3u8"] {
         let r = get(&s.url(&format!(
@@ -493,19 +563,22 @@ async fn an_unknown_id_is_not_found_and_a_garbled_answer_a_bad_gateway() {
         assert_eq!(r.status, StatusCode::NOT_FOUND, "{endpoint}: {:?}", r.body);
         let v: Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
         assert!(v.to_string().contains("missing content"), "{v}");
-        let r = get(&s.url(&format!(
-            "/proxy/acestream/{endpoint}?id={GARBLED}&api_password={PW}"
-        )))
-        .await;
-        assert_eq!(
-            r.status,
-            StatusCode::BAD_GATEWAY,
-            "{endpoint}: {:?}",
-            r.body
-        );
+        // Garbled, or an error of the engine's own (not "not found"): the engine's fault.
+        for id in [GARBLED, FAILING] {
+            let r = get(&s.url(&format!(
+                "/proxy/acestream/{endpoint}?id={id}&api_password={PW}"
+            )))
+            .await;
+            assert_eq!(
+                r.status,
+                StatusCode::BAD_GATEWAY,
+                "{endpoint} {id}: {:?}",
+                r.body
+            );
+        }
     }
-    assert_eq!(counts.getstream.load(Ordering::SeqCst), 2);
-    assert_eq!(counts.manifest.load(Ordering::SeqCst), 2);
+    assert_eq!(counts.getstream.load(Ordering::SeqCst), 3);
+    assert_eq!(counts.manifest.load(Ordering::SeqCst), 3);
     // Nothing is left open by them.
     let r = get(&s.url(&format!("/proxy/acestream/status?api_password={PW}"))).await;
     assert_eq!(r.body.unwrap(), Bytes::from_static(b"[]"));

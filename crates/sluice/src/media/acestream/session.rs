@@ -50,6 +50,11 @@ pub struct Sessions {
     engine: Url,
     config: AcestreamConfig,
     map: Mutex<HashMap<String, Arc<Session>>>,
+    /// Sessions closed while their start was still asking the engine: out of `map` (no viewer
+    /// finds them), but the engine's session lives until its start answers and sends `stop`, so
+    /// they count toward `max_sessions` and their opener's share until then. Locked under `map`
+    /// and `Session::start` when added (map -> start -> closing, never the reverse).
+    closing: Mutex<Vec<Arc<Session>>>,
     /// Linger tasks running now, at most one per session (tests check it).
     linger_tasks: Arc<AtomicUsize>,
 }
@@ -131,6 +136,7 @@ impl Sessions {
             engine: Url::parse(&config.engine_url)?,
             config: config.clone(),
             map: Mutex::new(HashMap::new()),
+            closing: Mutex::new(Vec::new()),
             linger_tasks: Arc::new(AtomicUsize::new(0)),
         }))
     }
@@ -195,7 +201,13 @@ impl Sessions {
                 s.clone()
             }
             _ => {
-                map.retain(|_, s| !s.closed.is_cancelled());
+                map.retain(|_, s| {
+                    let open = !s.closed.is_cancelled();
+                    if !open {
+                        self.retire(s);
+                    }
+                    open
+                });
                 self.make_room(&mut map, client)?;
                 let capacity = (self.config.buffer_bytes / CHUNK_ESTIMATE).max(16);
                 // The channel rounds its slots up to a power of two.
@@ -238,19 +250,25 @@ impl Sessions {
     /// it holds is what it opened that no other client has joined. When its share or the pool is
     /// full, its session idle longest with no viewer is closed at once rather than refusing: a
     /// viewer zapping through channels keeps zapping and merely loses the linger of those it
-    /// left. Only when every session it holds has a viewer is it refused.
+    /// left. Only when every session it holds has a viewer is it refused. Sessions closed while
+    /// still starting count until their start has answered and stopped them (`closing`), and a
+    /// session still starting is never closed for room: the engine's session would outlive it
+    /// unstopped until the engine answers, so hanging up and asking again would open engine
+    /// sessions past the pool at the rate of requests.
     fn make_room(
         self: &Arc<Self>,
         map: &mut HashMap<String, Arc<Session>>,
         client: IpAddr,
     ) -> Result<(), ProxyError> {
         let share = (self.config.max_sessions / 2).max(1);
+        let holds = |s: &Session| s.client == client && !s.shared.load(Ordering::SeqCst);
         loop {
-            let own: Vec<&Arc<Session>> = map
-                .values()
-                .filter(|s| s.client == client && !s.shared.load(Ordering::SeqCst))
-                .collect();
-            if map.len() < self.config.max_sessions && own.len() < share {
+            let (closing, closing_own) = {
+                let closing = lock(&self.closing);
+                (closing.len(), closing.iter().filter(|s| holds(s)).count())
+            };
+            let own: Vec<&Arc<Session>> = map.values().filter(|s| holds(s)).collect();
+            if map.len() + closing < self.config.max_sessions && own.len() + closing_own < share {
                 return Ok(());
             }
             // Viewers change only under the map lock (held here), so none can join it now. An
@@ -262,6 +280,7 @@ impl Sessions {
             let idle = own
                 .into_iter()
                 .filter(|s| s.viewers.load(Ordering::SeqCst) == 0)
+                .filter(|s| !matches!(lock(&s.start).state, StartState::Asking))
                 .filter(|s| s.kind != Kind::Hls || lock(&s.touched).elapsed() >= linger)
                 .min_by_key(|s| *lock(&s.touched))
                 .cloned();
@@ -273,6 +292,7 @@ impl Sessions {
                 ));
             };
             map.remove(&idle.key);
+            self.retire(&idle);
             if idle.stopping.swap(true, Ordering::SeqCst) {
                 continue;
             }
@@ -319,7 +339,7 @@ impl Sessions {
     async fn start(self: Arc<Self>, session: Arc<Session>) {
         // Should the asking panic (or the runtime drop the task), its waiters get an error
         // instead of waiting for an answer that never comes.
-        let unanswered = Unanswered(&session);
+        let unanswered = Unanswered(&self, &session);
         let result = self
             .open_engine_session(&session.content, session.kind)
             .await;
@@ -336,10 +356,12 @@ impl Sessions {
             Err(_) => {
                 session.closed.cancel();
                 self.forget(&session);
+                self.retired(&session);
             }
             Ok(_) if closed_meanwhile => {
                 tracing::debug!(session = %session.key, "closed while starting: engine told to stop");
                 self.stop_engine(&session).await;
+                self.retired(&session);
             }
             Ok(engine) => {
                 if session.kind == Kind::Stream {
@@ -376,11 +398,12 @@ impl Sessions {
             .append_pair(name, value)
             .append_pair("pid", &pid);
         let body = self.fetch(url).await?;
-        let mut session = engine_api::parse_session(&body).map_err(|e| match e {
+        let mut session = engine_api::parse_session(&body).map_err(|e| match &e {
             // A well-formed id the engine does not know (or cannot find): the client's to fix.
-            AceError::Engine(_) => {
+            AceError::Engine(said) if content_not_found(said) => {
                 ProxyError::downstream(StatusCode::NOT_FOUND, "acestream_content", e.to_string())
             }
+            // Any other error is the engine's own failure (out of space, shutting down, ...).
             _ => engine_error(e.to_string()),
         })?;
         session.playback_url = self.on_engine(&session.playback_url)?;
@@ -533,7 +556,31 @@ impl Sessions {
             .is_some_and(|s| Arc::ptr_eq(s, session))
         {
             map.remove(&session.key);
+            self.retire(session);
         }
+    }
+
+    /// Called (under the map lock) for a session just taken out of the map: one whose start is
+    /// still asking the engine goes to `closing`, where it counts until its start is answered.
+    /// Checked and added under the start lock, so the start cannot answer in between and leave
+    /// it there for good.
+    fn retire(&self, session: &Arc<Session>) {
+        let start = lock(&session.start);
+        if matches!(start.state, StartState::Asking) {
+            lock(&self.closing).push(session.clone());
+        }
+    }
+
+    /// A session's start has answered (and stopped an engine session it found closed): it no
+    /// longer counts in `closing`.
+    fn retired(&self, session: &Arc<Session>) {
+        lock(&self.closing).retain(|s| !Arc::ptr_eq(s, session));
+    }
+
+    /// Sessions closed while starting whose engine session is not yet stopped.
+    #[cfg(test)]
+    fn closing(&self) -> usize {
+        lock(&self.closing).len()
     }
 
     /// A viewer left; after the linger, a session nobody rejoined is closed.
@@ -639,18 +686,20 @@ impl Sessions {
 }
 
 /// Answers a session's start with an error when dropped: set only while the start is asking.
-struct Unanswered<'a>(&'a Session);
+struct Unanswered<'a>(&'a Sessions, &'a Arc<Session>);
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
-        lock(&self.0.start).state = StartState::Answered(Err(ProxyError::new(
+        let Unanswered(sessions, session) = *self;
+        lock(&session.start).state = StartState::Answered(Err(ProxyError::new(
             Side::Internal,
             StatusCode::INTERNAL_SERVER_ERROR,
             "acestream_start",
             "starting the engine session failed",
         )));
-        self.0.closed.cancel();
-        self.0.answered.notify_waiters();
+        session.closed.cancel();
+        session.answered.notify_waiters();
+        sessions.retired(session);
     }
 }
 
@@ -677,6 +726,22 @@ fn kind_label(kind: Kind) -> &'static str {
         Kind::Stream => "stream",
         Kind::Hls => "hls",
     }
+}
+
+/// What the engine answers (in its JSON `error`) for a content id or infohash it cannot find:
+/// "missing content", and "failed to load content" / "cannot load transport file" when the
+/// transport file behind the id cannot be fetched. Matched case-insensitively as substrings;
+/// every other engine error is its own failure (502).
+const NOT_FOUND_ERRORS: [&str; 3] = [
+    "missing content",
+    "failed to load content",
+    "cannot load transport file",
+];
+
+/// Whether the engine's `error` says it cannot find the content (the client's 404).
+fn content_not_found(said: &str) -> bool {
+    let said = said.to_ascii_lowercase();
+    NOT_FOUND_ERRORS.iter().any(|e| said.contains(e))
 }
 
 fn engine_error(message: String) -> ProxyError {
@@ -1041,6 +1106,66 @@ mod tests {
                 session.bytes.load(Ordering::Relaxed),
                 (sent - carry.len()) as u64
             );
+        }
+    }
+
+    /// A session still asking the engine is not closed for room, even with no viewer: its
+    /// engine session would live on, stopped only when the engine answers, outside the pool. One
+    /// closed while asking (its linger over) is out of the map but still counts toward the pool
+    /// and its opener's share until its start has answered.
+    #[tokio::test]
+    async fn sessions_still_starting_keep_their_place() {
+        // A share of 1, and a linger far longer than the test.
+        let pool = sessions("http://127.0.0.1:9", 600, 2);
+        let refused = |r: Result<Arc<Session>, ProxyError>| {
+            let e = r.err().expect("opened past the limit");
+            assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        };
+        let (a, b, c) = (ip("192.0.2.7"), ip("198.51.100.1"), ip("203.0.113.9"));
+        let starting = pool.enter(&content(1), Kind::Stream, a).unwrap();
+        lock(&starting.start).state = StartState::Asking;
+        // Its viewer hangs up while the engine starts: it lingers, still starting.
+        drop(ViewerGuard {
+            sessions: pool.clone(),
+            session: starting.clone(),
+        });
+        refused(pool.enter(&content(2), Kind::Stream, a));
+        assert!(
+            !starting.closed.is_cancelled(),
+            "a session still starting was closed for room"
+        );
+        // Closed while starting: gone from the map, not from the count.
+        starting.stopping.store(true, Ordering::SeqCst);
+        starting.closed.cancel();
+        refused(pool.enter(&content(2), Kind::Stream, a));
+        assert!(open_ids(&pool).await.is_empty());
+        assert_eq!(pool.closing(), 1);
+        // It holds one place of the pool for everyone else too.
+        pool.enter(&content(3), Kind::Stream, b).unwrap();
+        refused(pool.enter(&content(4), Kind::Stream, c));
+        // Its start answers (and stops it): the place is free.
+        lock(&starting.start).state = StartState::Answered(Err(engine_error("gone".into())));
+        pool.retired(&starting);
+        assert_eq!(pool.closing(), 0);
+        pool.enter(&content(2), Kind::Stream, a).unwrap();
+    }
+
+    #[test]
+    fn only_the_engines_not_found_errors_are_the_clients() {
+        for said in [
+            "missing content",
+            "Failed to load content",
+            "cannot load transport file: timeout",
+        ] {
+            assert!(content_not_found(said), "{said}");
+        }
+        for said in [
+            "",
+            "Internal error",
+            "no space left on device",
+            "engine is shutting down",
+        ] {
+            assert!(!content_not_found(said), "{said}");
         }
     }
 
