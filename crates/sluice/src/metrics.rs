@@ -75,6 +75,9 @@ pub struct HttpMetrics {
     pub smuggling_refused: Counter,
     /// Requests by HTTP version; QUIC connections.
     pub protocol: protocol::ProtocolMetrics,
+    /// Wrong passwords counted per client network, and the limit on them
+    /// (`sluice_auth_failures_total`, `sluice_auth_limited_total`).
+    pub guesses: std::sync::Arc<crate::auth::guesses::Guesses>,
 }
 
 impl HttpMetrics {
@@ -93,6 +96,20 @@ impl HttpMetrics {
             tls_handshake_errors: Counter::default(),
             smuggling_refused: Counter::default(),
             protocol: protocol::ProtocolMetrics::new(registry),
+            guesses: {
+                let (failures, limited) = (Counter::default(), Counter::default());
+                registry.register(
+                    "auth_failures",
+                    "Wrong API passwords offered (every place one is checked, the URL generators included)",
+                    failures.clone(),
+                );
+                registry.register(
+                    "auth_limited",
+                    "Requests refused with 429, their password not checked, because their client network offered too many wrong ones in the window",
+                    limited.clone(),
+                );
+                crate::auth::guesses::Guesses::new(failures, limited)
+            },
         };
         registry.register(
             "requests",

@@ -845,3 +845,158 @@ async fn the_legacy_switch_carries_a_rolling_upgrade_and_reloads_keep_the_key() 
     assert_eq!(r.status, 200);
     assert_eq!(r.body.unwrap(), Bytes::from_static(SEGMENT));
 }
+
+/// One request with a body from the client a trusted front proxy on this host names in
+/// `X-Forwarded-For`: its status and `Retry-After`.
+async fn from(
+    client: &str,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, Option<String>) {
+    let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let mut b = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("x-forwarded-for", client);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(Full::new(Bytes::from(body.to_string()))).unwrap();
+    let resp = http.request(req).await.unwrap();
+    let retry = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    (resp.status().as_u16(), retry)
+}
+
+/// A sluice with a password behind a trusted front proxy on this host.
+async fn guarded() -> Sluice {
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    Sluice::start(config).await
+}
+
+/// A request offering a password: method, URL, headers, and the status a wrong one gets.
+type Place = (&'static str, String, Vec<(String, String)>, u16);
+
+/// Each place that compares the password, with `pw` offered in its form, and the status it gives
+/// a wrong one.
+fn password_places(s: &Sluice, pw: &str) -> Vec<Place> {
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("u:{pw}"))
+    );
+    let xc_user =
+        base64::engine::general_purpose::STANDARD.encode(format!("http://xc.invalid:u:{pw}"));
+    let header = vec![("api_password".to_string(), pw.to_string())];
+    vec![
+        (
+            "GET",
+            s.url(&format!("/metrics?api_password={}", enc(pw))),
+            vec![],
+            403,
+        ),
+        (
+            "GET",
+            s.url("/status"),
+            vec![("authorization".to_string(), basic)],
+            401,
+        ),
+        ("POST", s.url("/admin/reload"), header.clone(), 403),
+        ("POST", s.url("/playlist/link"), header, 403),
+        (
+            "GET",
+            s.url(&format!(
+                "/player_api.php?username={}&password=x",
+                enc(&xc_user)
+            )),
+            vec![],
+            403,
+        ),
+    ]
+}
+
+/// The `/generate_url` body offering `pw`.
+fn generate_body(s: &Sluice, pw: &str) -> String {
+    serde_json::json!({
+        "mediaflow_proxy_url": s.url(""),
+        "endpoint": "/proxy/stream",
+        "destination_url": "http://origin.invalid/v.mp4",
+        "api_password": pw,
+    })
+    .to_string()
+}
+
+/// A guesser gets 20 wrong passwords a minute from its network, wherever it offers them; then
+/// every request that offers one (the right one too, so the limit proves nothing) is a 429 with
+/// `Retry-After` until the window ends, while another client is served. Without the limit the
+/// 21st guess was compared like the first (thousands a second over one HTTP/2 connection).
+#[tokio::test]
+async fn password_guessing_is_limited_per_client_network() {
+    let s = guarded().await;
+    let (guesser, other) = ("203.0.113.7", "203.0.113.8");
+    let json = [("content-type", "application/json")];
+    for round in 0..5 {
+        for (method, url, headers, wrong) in password_places(&s, &format!("guess-{round}")) {
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let (status, retry) = from(guesser, method, &url, &headers, "{}").await;
+            if round < 4 {
+                assert_eq!((status, retry), (wrong, None), "guess {round} at {url}");
+            } else {
+                // Guesses 21-25: refused uncompared.
+                assert_eq!(status, 429, "guess {round} at {url}");
+                let retry: u64 = retry.unwrap().parse().unwrap();
+                assert!((1..=60).contains(&retry), "{retry}");
+            }
+        }
+    }
+    // The right password, in every form, from the guesser's network: refused too.
+    for (method, url, headers, _) in password_places(&s, PW) {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let (status, retry) = from(guesser, method, &url, &headers, "{}").await;
+        assert_eq!(status, 429, "right password at {url}");
+        assert!(retry.is_some());
+    }
+    let body = generate_body(&s, PW);
+    let (status, _) = from(guesser, "POST", &s.url("/generate_url"), &json, &body).await;
+    assert_eq!(status, 429);
+    // Another client (as the front proxy names it) is served.
+    let url = s.url(&format!("/metrics?api_password={PW}"));
+    assert_eq!(from(other, "GET", &url, &[], "").await.0, 200);
+
+    // `/generate_url` answers 200 to a wrong password, with a token whose form tells it from the
+    // right one: each is a guess, counted against the same limit.
+    let generator = "198.51.100.9";
+    for i in 0..20 {
+        let body = generate_body(&s, &format!("guess-{i}"));
+        let (status, _) = from(generator, "POST", &s.url("/generate_url"), &json, &body).await;
+        assert_eq!(status, 200, "guess {i}");
+    }
+    let body = generate_body(&s, "guess-20");
+    let (status, retry) = from(generator, "POST", &s.url("/generate_url"), &json, &body).await;
+    assert_eq!((status, retry.is_some()), (429, true));
+    let body = generate_body(&s, PW);
+    let (status, _) = from(generator, "POST", &s.url("/generate_url"), &json, &body).await;
+    assert_eq!(status, 429);
+    assert_eq!(from(generator, "GET", &url, &[], "").await.0, 429);
+    // A right password there is not a guess: another client mints with it.
+    let (status, _) = from(other, "POST", &s.url("/generate_url"), &json, &body).await;
+    assert_eq!(status, 200);
+
+    // Seen: 20 + 20 wrong passwords, and the refusals.
+    let metrics = get(&s.url(&format!("/metrics?api_password={PW}"))).await;
+    let text = String::from_utf8(metrics.body.unwrap().to_vec()).unwrap();
+    assert!(text.contains("sluice_auth_failures_total 40"), "{text}");
+    assert!(text.contains("sluice_auth_limited_total 14"), "{text}");
+}

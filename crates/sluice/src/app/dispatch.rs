@@ -203,19 +203,26 @@ impl App {
             return cross_site_refused();
         }
         if browser::is_page(&ctx.path) {
-            let creds = self.keys.load();
             let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
-            if creds.auth.required() && !creds.auth.check(offered.as_deref()) {
-                return page_login();
+            match self.password_ok(ctx.client_ip, offered.as_deref()) {
+                Ok(true) => {}
+                Ok(false) => return page_login(),
+                Err(limited) => return limited.into_response(),
             }
         }
         let result = match ctx.path.as_str() {
             "/health" => Ok(json(StatusCode::OK, r#"{"status":"healthy"}"#)),
-            "/admin/reload" => self.admin_reload(&req).await,
+            "/admin/reload" => self.admin_reload(&req, ctx.client_ip).await,
             "/metrics" => self.serve_metrics(&req, &ctx),
             #[cfg(feature = "media")]
             p if Media::serves_open(p) && self.media.is_some() => match &self.media {
-                Some(media) => media.handle_open(req, &ctx).await,
+                Some(media) => {
+                    // The URL generators compare a password from the body: under the limit.
+                    let mut req = req;
+                    let attempt = self.guess_attempt(ctx.client_ip);
+                    req.extensions_mut().insert(attempt);
+                    media.handle_open(req, &ctx).await
+                }
                 None => Err(not_found(p)),
             },
             #[cfg(feature = "media")]
@@ -242,21 +249,17 @@ impl App {
             crate::media::playlist::LINK_PATH => match &self.media {
                 // Minting needs the password itself, in a header: never a token (a token holder
                 // may not widen what it holds) nor a query parameter (which ends up in logs).
-                Some(media)
-                    if ctx.token.is_none()
-                        && self
-                            .keys
-                            .load()
-                            .auth
-                            .check(Auth::offered_in_header(req.headers())) =>
-                {
-                    media.handle_playlist_link(req, &ctx).await
-                }
-                Some(_) => Err(ProxyError::downstream(
-                    StatusCode::FORBIDDEN,
-                    "auth",
-                    "minting a playlist URL needs the password in the api_password header",
-                )),
+                Some(media) => match ctx.token.is_none().then(|| {
+                    self.password_ok(ctx.client_ip, Auth::offered_in_header(req.headers()))
+                }) {
+                    Some(Ok(true)) => media.handle_playlist_link(req, &ctx).await,
+                    Some(Err(limited)) => Err(limited),
+                    Some(Ok(false)) | None => Err(ProxyError::downstream(
+                        StatusCode::FORBIDDEN,
+                        "auth",
+                        "minting a playlist URL needs the password in the api_password header",
+                    )),
+                },
                 None => Err(not_found(&ctx.path)),
             },
             #[cfg(feature = "iptv")]
@@ -302,16 +305,29 @@ impl App {
                     // Only a MediaFlow token (which carries the password) stands for it here: a
                     // sealed token is scoped to other paths (a playlist link's token opens
                     // `/playlist/playlist`, which the short form `/{user}/{pass}/{id}` also parses).
+                    // A network past its wrong passwords gets the limit's 429 for the refusal
+                    // the XC handler makes of the uncompared password.
+                    let limited = std::sync::Mutex::new(None);
                     let password_ok = |offered: Option<&str>| {
                         super::gate::token_proves_password(ctx.token.as_ref())
-                            || self.keys.load().auth.check(offered)
+                            || self
+                                .password_ok(ctx.client_ip, offered)
+                                .unwrap_or_else(|e| {
+                                    *limited.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                                    false
+                                })
                     };
-                    match self.media_places(&req, &ctx, claims.as_ref()) {
+                    let result = match self.media_places(&req, &ctx, claims.as_ref()) {
                         Ok(places) => media
                             .handle_xtream(req, &ctx, &password_ok)
                             .await
                             .map(|r| crate::media::limit::hold(sandboxed(r), places)),
                         Err(e) => Err(e),
+                    };
+                    let limited = limited.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    match (result, limited) {
+                        (Err(_), Some(limited)) => Err(limited),
+                        (result, _) => result,
                     }
                 }
                 None => Err(not_found(p)),

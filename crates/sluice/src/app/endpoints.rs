@@ -15,10 +15,11 @@ use crate::request::RequestContext;
 
 impl App {
     /// `POST /admin/reload`: only with the password in the `api_password` header (never a token or
-    /// a query parameter, which end up in logs).
+    /// a query parameter, which end up in logs), from a `client` not past its wrong passwords.
     pub(super) async fn admin_reload(
         &self,
         req: &Request<Incoming>,
+        client: std::net::IpAddr,
     ) -> Result<Response<Body>, ProxyError> {
         if req.method() != http::Method::POST {
             return Err(ProxyError::downstream(
@@ -29,14 +30,8 @@ impl App {
         }
         // Without a password any local user may ask: such a caller is not shown why a reload was
         // refused, since the reason may quote a config value (the outcome file is 0600 for it).
-        let (password_set, proved) = {
-            let keys = self.keys.load();
-            let auth = &keys.auth;
-            (
-                auth.required(),
-                auth.check(Auth::offered_in_header(req.headers())),
-            )
-        };
+        let password_set = self.keys.load().auth.required();
+        let proved = self.password_ok(client, Auth::offered_in_header(req.headers()))?;
         if !proved {
             return Err(ProxyError::downstream(
                 StatusCode::FORBIDDEN,

@@ -10,6 +10,8 @@ use sluice_media::token::{split_path_token, TokenClaims};
 
 use super::routes;
 use super::App;
+#[cfg(feature = "media")]
+use crate::auth::guesses::Attempt;
 use crate::auth::{browser, Auth};
 use crate::body::{self, Body};
 use crate::error::{ErrorMark, ProxyError};
@@ -81,6 +83,36 @@ impl App {
         Ok(places)
     }
 
+    /// Whether `offered` is the API password (always, without one), compared only when the
+    /// client's network is not past its wrong passwords for the window
+    /// ([`crate::auth::guesses`]): then a 429, whatever it offers. A wrong one is charged.
+    /// Every password comparison of a request goes through here (or through
+    /// [`App::guess_attempt`]'s handle, where it is compared far from dispatch).
+    pub(super) fn password_ok(
+        &self,
+        client: std::net::IpAddr,
+        offered: Option<&str>,
+    ) -> Result<bool, ProxyError> {
+        let credentials = self.keys.load();
+        if !credentials.auth.required() {
+            return Ok(true);
+        }
+        self.metrics
+            .guesses
+            .attempt(client, offered, |o| credentials.auth.check(o))
+            .map_err(ProxyError::from)
+    }
+
+    /// The way to [`App::password_ok`]'s limit for a handler that compares the password itself
+    /// (the URL generators), left in its request's extensions.
+    #[cfg(feature = "media")]
+    pub(super) fn guess_attempt(&self, client: std::net::IpAddr) -> Attempt {
+        Attempt {
+            guesses: self.metrics.guesses.clone(),
+            client,
+        }
+    }
+
     pub(super) fn authorize(
         &self,
         req: &Request<Incoming>,
@@ -92,7 +124,7 @@ impl App {
             return Ok(());
         }
         let offered = Auth::offered(ctx.query.get("api_password"), req.headers());
-        if self.keys.load().auth.check(offered.as_deref()) {
+        if self.password_ok(ctx.client_ip, offered.as_deref())? {
             return Ok(());
         }
         let message = if offered.is_some() {

@@ -6,7 +6,8 @@
 //!
 //! The two answers can be told apart, so the endpoint says whether a password is this server's:
 //! no more than `/proxy/stream?api_password=` already says (403 or not), one guess per request,
-//! and the password is compared in constant time (`auth::Auth::check`).
+//! compared in constant time (`auth::Auth::check`), and counted as a wrong one against the
+//! client's network as the gate's are (`auth::guesses`: past the limit, 429).
 //!
 //! `/generate_urls` is bounded before it builds anything (`generate::check_size`): 413 past 1,000
 //! items, a base URL or password over 8 KiB, or an answer estimated over 16 MiB.
@@ -26,6 +27,7 @@ use sluice_media::generate::SealPlan;
 use sluice_media::{b64url, generate};
 
 use super::forward::body::{read_ahead, Held, Idle, Late, Stalled, TooLarge, Watch};
+use crate::auth::guesses::Attempt;
 use crate::auth::token::{self, TokenGate, TokenScope};
 use crate::auth::Keys;
 use crate::body::{self, Body, BoxError};
@@ -65,6 +67,8 @@ pub async fn handle(
     keys: &Keys,
 ) -> Result<Response<Body>, ProxyError> {
     let method = req.method().clone();
+    // Dispatch's handle to the wrong-password limit (`auth::guesses`), taken before the body.
+    let attempt = req.extensions().get::<Attempt>().cloned();
     match ctx.path.as_str() {
         "/base64/check" => Ok(json_response(&b64url::check_response(
             ctx.query.get("url").unwrap_or(""),
@@ -91,7 +95,8 @@ pub async fn handle(
             // request made gigabytes on this runtime worker.
             generate::check_size(&request).map_err(too_large)?;
             let now = token::now();
-            let response = match own_gate(keys, request.api_password.as_deref()) {
+            let response = match own_gate(keys, request.api_password.as_deref(), attempt.as_ref())?
+            {
                 Some(gate) => generate::UrlsResponse {
                     urls: generate::plan_urls(&request, now)
                         .map_err(unsealable)?
@@ -107,7 +112,8 @@ pub async fn handle(
             require(&method, Method::POST)?;
             let request: generate::GenerateUrlRequest = read_json(req).await?;
             let now = token::now();
-            let response = match own_gate(keys, request.api_password.as_deref()) {
+            let response = match own_gate(keys, request.api_password.as_deref(), attempt.as_ref())?
+            {
                 Some(gate) => generate::UrlResponse {
                     url: seal(
                         &gate,
@@ -128,11 +134,27 @@ pub async fn handle(
 
 /// The token gate when `offered` is this server's password (compared in constant time), so the
 /// URL gets sluice's sealed token; `None` (MediaFlow's format) for any other password or none.
-fn own_gate(keys: &Keys, offered: Option<&str>) -> Option<Arc<TokenGate>> {
+/// The answer tells the two apart, so a password other than this server's is a wrong guess,
+/// charged to the client's network under `attempt`'s limit, and a network past it gets the 429
+/// before its password is compared (`attempt` is dispatch's; without it nothing is limited).
+fn own_gate(
+    keys: &Keys,
+    offered: Option<&str>,
+    attempt: Option<&Attempt>,
+) -> Result<Option<Arc<TokenGate>>, ProxyError> {
     let credentials = keys.load();
-    let offered = offered.filter(|p| !p.is_empty())?;
-    let own = credentials.auth.required() && credentials.auth.check(Some(offered));
-    credentials.tokens.clone().filter(|_| own)
+    let Some(offered) = offered.filter(|p| !p.is_empty()) else {
+        return Ok(None);
+    };
+    if !credentials.auth.required() {
+        return Ok(None);
+    }
+    let check = |o: Option<&str>| credentials.auth.check(o);
+    let own = match attempt {
+        Some(attempt) => attempt.attempt(Some(offered), check)?,
+        None => check(Some(offered)),
+    };
+    Ok(credentials.tokens.clone().filter(|_| own))
 }
 
 /// The planned URL under a sealed token that opens its one path (nothing when it has none), with
