@@ -120,8 +120,9 @@ fn merge_delta(slot: &mut Option<u64>, value: Option<&str>) {
     };
 }
 
-/// delta-seconds: digits only (a quoted form is tolerated, as many origins send it).
-fn parse_delta(value: Option<&str>) -> Option<u64> {
+/// delta-seconds: digits only (a quoted form is tolerated, as many origins send it); a value too
+/// large saturates at [`DELTA_SECONDS_CAP`] (RFC 9111 §1.2.2), never reads as absent.
+pub(crate) fn parse_delta(value: Option<&str>) -> Option<u64> {
     let v = value?.trim();
     let v = v
         .strip_prefix('"')

@@ -6,7 +6,9 @@ use std::time::{Duration, SystemTime};
 use http::header::{HeaderMap, HeaderName, AGE, AUTHORIZATION, DATE, EXPIRES, LAST_MODIFIED, VARY};
 use http::{Method, StatusCode};
 
-use crate::cache_control::{parse_cache_control, parse_effective, CacheControl, DELTA_SECONDS_CAP};
+use crate::cache_control::{
+    parse_cache_control, parse_delta, parse_effective, CacheControl, DELTA_SECONDS_CAP,
+};
 
 /// How a client's own request directives (`no-cache`, `max-age`, `min-fresh`, `max-stale`) are used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -113,6 +115,24 @@ pub struct Freshness {
     pub targeted: bool,
 }
 
+impl Freshness {
+    /// This freshness for a stored response marked invalid (RFC 9111 §4.4, after a successful
+    /// unsafe method; or a soft purge): stale, and validated with the origin before any reuse.
+    /// Neither `stale-while-revalidate` nor a request's `max-stale` may serve it (they would hand
+    /// the next reader the bytes the unsafe request just changed); `stale-if-error` stays, for
+    /// an origin that fails that validation.
+    pub fn invalidated(self) -> Freshness {
+        Freshness {
+            lifetime: 0,
+            stale_while_revalidate: 0,
+            // Read by `decide_use` for `max-stale` only: an invalidated response is never
+            // served stale on the client's word.
+            must_revalidate: true,
+            ..self
+        }
+    }
+}
+
 /// Status codes a cache may store with heuristic freshness (RFC 9110 §15.1).
 pub fn heuristically_cacheable(status: StatusCode) -> bool {
     matches!(
@@ -128,8 +148,9 @@ fn understood(status: StatusCode) -> bool {
 }
 
 /// Decides whether a response to `method` may be stored (RFC 9111 §3, §3.5), and its freshness.
-/// `response_time` is when the response head arrived; `Set-Cookie` is refused unless the origin
-/// says `public` or `s-maxage`, so one user's cookie never reaches another.
+/// `response_time` is when the response head arrived; an answer with `Set-Cookie` is refused
+/// (passed to the client that asked, cookie and all), so one user's cookie never reaches
+/// another.
 pub fn storability(
     method: &Method,
     req_headers: &HeaderMap,
@@ -160,8 +181,11 @@ pub fn storability(
     if vary_names(resp_headers).is_err() {
         return Err(NotStorable::VaryStar);
     }
-    if resp_headers.contains_key(http::header::SET_COOKIE) && !(cc.public || cc.s_maxage.is_some())
-    {
+    if resp_headers.contains_key(http::header::SET_COOKIE) {
+        // Whatever the directives (nginx's and Varnish's default): a stored answer is served
+        // from its stored fields, which never hold a cookie, so the very client whose request
+        // fetched it lost its `Set-Cookie`; and a cookie set on a `public` page is most often a
+        // session one no second user may get.
         return Err(NotStorable::SetCookie);
     }
     let explicit = explicit_lifetime(&cc, targeted, resp_headers, response_time);
@@ -175,11 +199,7 @@ pub fn storability(
     };
     let lifetime = match policy.copy_ttl_secs {
         Some(cap) => {
-            let age = resp_headers
-                .get(http::header::AGE)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .unwrap_or(0);
+            let age = age_value(resp_headers);
             lifetime.min(age.saturating_add(u64::from(cap.get())))
         }
         None => lifetime,
@@ -253,6 +273,16 @@ fn heuristic_lifetime(
     Some((span as u64).max(policy.heuristic_min.as_secs()).min(max))
 }
 
+/// The `Age` a response arrived with, in seconds: a value too large for the cache saturates at
+/// [`DELTA_SECONDS_CAP`] (RFC 9111 §1.2.2: a huge age is very old, not none); absent or not
+/// delta-seconds, 0.
+fn age_value(headers: &HeaderMap) -> u64 {
+    headers
+        .get(AGE)
+        .and_then(|v| parse_delta(v.to_str().ok()))
+        .unwrap_or(0)
+}
+
 /// The inputs of the age calculation (§4.2.3), captured when a response arrives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AgeClock {
@@ -266,12 +296,7 @@ impl AgeClock {
     /// Computes the corrected initial age of a response requested at `request_time` and received at
     /// `response_time`.
     pub fn new(headers: &HeaderMap, request_time: SystemTime, response_time: SystemTime) -> Self {
-        let age_value = headers
-            .get(AGE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or(0)
-            .min(DELTA_SECONDS_CAP);
+        let age_value = age_value(headers);
         let apparent_age = header_date(headers, DATE)
             .map(|d| secs_between(d, response_time))
             .unwrap_or(0);

@@ -66,6 +66,11 @@ struct Obj {
     any_304: bool,
     /// Answer 404 to a request with a `Cookie` (a resource hidden from other sessions).
     hide_from_cookie: bool,
+    /// Send at most this many bytes of a range asked for (a 206 shorter than asked, RFC 9110
+    /// §14.2 allows it).
+    short_206: Option<u64>,
+    /// A 206's complete length is `*` (a file still growing).
+    star_length: bool,
 }
 
 impl Obj {
@@ -89,6 +94,8 @@ impl Obj {
             by_user: false,
             any_304: false,
             hide_from_cookie: false,
+            short_206: None,
+            star_length: false,
         }
     }
 
@@ -218,12 +225,21 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
                 .body(empty())
                 .unwrap()
         }
-        Some((a, z)) => (206, a, z.min(obj.len - 1)),
+        Some((a, z)) => {
+            let z = z.min(obj.len - 1);
+            let z = obj.short_206.map_or(z, |n| z.min(a + n - 1));
+            (206, a, z)
+        }
         None if obj.len == 0 => (obj.status, 1, 0),
         None => (obj.status, 0, obj.len - 1),
     };
     if status == 206 {
-        b = b.header("content-range", format!("bytes {start}-{end}/{}", obj.len));
+        let complete = if obj.star_length {
+            "*".to_string()
+        } else {
+            obj.len.to_string()
+        };
+        b = b.header("content-range", format!("bytes {start}-{end}/{complete}"));
     }
     let len = if end >= start { end - start + 1 } else { 0 };
     if !obj.chunked {
@@ -515,6 +531,48 @@ async fn no_store_private_and_set_cookie_are_passed_with_hit_for_pass() {
     assert_eq!(front.cache.objects(), 0);
 }
 
+/// Finding: a `public` answer with `Set-Cookie` was stored without the cookie, and the miss
+/// that fetched it was answered from the stored fields: the client lost its cookie. Such an
+/// answer is now passed on as the origin sent it and not stored (nginx's and Varnish's default),
+/// so each client gets the cookie the origin set for it and no other.
+#[tokio::test]
+async fn a_public_answer_with_set_cookie_keeps_its_cookie_and_is_not_stored() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set(
+        "/pub-ck",
+        Obj::new(10, "public, max-age=60").header("set-cookie", "session=first"),
+    );
+    let front = start_front(config(64 * KIB), oaddr).await;
+    let a = request("GET", &front.url("/pub-ck"), &[]).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(body(&a), Bytes::from(bytes_of(1, 0, 9)));
+    assert_eq!(
+        a.headers.get("set-cookie").map(|v| v.to_str().unwrap()),
+        Some("session=first"),
+        "{}",
+        status_of(&a)
+    );
+    assert!(
+        status_of(&a).contains("detail=set-cookie"),
+        "{}",
+        status_of(&a)
+    );
+    assert_eq!(front.cache.objects(), 0);
+    // The origin now sets another client's cookie: the next client gets that one, from the
+    // origin (the URL's memo), never the first one's.
+    origin.update("/pub-ck", |o| {
+        o.headers.retain(|(k, _)| *k != "set-cookie");
+        o.headers.push(("set-cookie", "session=second".into()));
+    });
+    let b = request("GET", &front.url("/pub-ck"), &[]).await;
+    assert_eq!(
+        b.headers.get("set-cookie").map(|v| v.to_str().unwrap()),
+        Some("session=second")
+    );
+    assert_eq!(origin.count("/pub-ck"), 2);
+    assert_eq!(front.cache.objects(), 0);
+}
+
 #[tokio::test]
 async fn an_uncacheable_error_leaves_no_memo_behind() {
     let (origin, oaddr) = start_origin().await;
@@ -753,6 +811,56 @@ async fn stale_while_revalidate_serves_stale_and_refreshes_once() {
     );
 }
 
+/// Finding: an object invalidated by a successful unsafe method (RFC 9111 §4.4) was only made
+/// stale, so within its `stale-while-revalidate` window, or for a request's `max-stale`, the
+/// next reader still got the bytes the `POST` had just changed. It is now validated first.
+#[tokio::test]
+async fn an_invalidated_object_is_validated_before_any_reuse() {
+    let (origin, oaddr) = start_origin().await;
+    for path in ["/inv-swr", "/inv-max-stale"] {
+        origin.set(
+            path,
+            Obj::new(100, "max-age=60, stale-while-revalidate=600"),
+        );
+    }
+    let front = start_front(config(64 * KIB), oaddr).await;
+    for (path, ask) in [
+        ("/inv-swr", None),
+        ("/inv-max-stale", Some(("cache-control", "max-stale=3600"))),
+    ] {
+        let asked: Vec<(&str, &str)> = ask.into_iter().collect();
+        request("GET", &front.url(path), &[]).await;
+        let hit = request("GET", &front.url(path), &asked).await;
+        assert!(
+            status_of(&hit).starts_with("sluice; hit"),
+            "{}",
+            status_of(&hit)
+        );
+        assert_eq!(origin.count(path), 1);
+        // What the front end does after a 2xx to a `POST` to the path; the origin has changed.
+        origin.update(path, |o| o.version = 2);
+        front
+            .cache
+            .invalidate(&[CacheKey::new("test", &path.parse().unwrap())]);
+        let next = request("GET", &front.url(path), &asked).await;
+        assert_eq!(
+            body(&next),
+            Bytes::from(bytes_of(2, 0, 99)),
+            "{path}: {}",
+            status_of(&next)
+        );
+        // The conditional request, then (the object changed) the refetch.
+        assert_eq!(origin.count(path), 3, "{path}");
+        assert_eq!(
+            origin.requests_for(path)[1]
+                .get("if-none-match")
+                .map(String::as_str),
+            Some("\"v1\""),
+            "{path}: a conditional request"
+        );
+    }
+}
+
 #[tokio::test]
 async fn stale_if_error_and_grace() {
     let (origin, oaddr) = start_origin().await;
@@ -951,6 +1059,60 @@ async fn random_ranges_get_exact_bytes_cold_and_warm() {
     assert!(origin.bytes() <= len, "{} > {len}", origin.bytes());
 }
 
+/// Finding: a valid 206 other than the slice asked for (fewer bytes, RFC 9110 §14.2, or the
+/// `/*` length of a file still growing) failed the fill; its readers elected a writer three
+/// times and answered 502. The fill now ends as a pass: the URL is remembered as uncacheable and
+/// each request is answered by its own request to the origin.
+#[tokio::test]
+async fn a_206_other_than_the_slice_asked_for_is_passed_not_a_502() {
+    let (origin, oaddr) = start_origin().await;
+    let slice = 64 * KIB;
+    let len = 3 * slice;
+    let mut short = Obj::new(len, "max-age=60");
+    short.short_206 = Some(10 * KIB);
+    origin.set("/short-206", short);
+    let mut growing = Obj::new(len, "max-age=60");
+    growing.star_length = true;
+    origin.set("/growing", growing);
+    let front = start_front(config(slice), oaddr).await;
+    for path in ["/short-206", "/growing"] {
+        // The whole object: the client's own request (no `Range`) is a 200 with every byte.
+        let a = request("GET", &front.url(path), &[]).await;
+        assert_eq!(a.status, StatusCode::OK, "{path}: {}", status_of(&a));
+        assert_eq!(
+            sha256(&body(&a)),
+            sha256(&bytes_of(1, 0, len - 1)),
+            "{path}"
+        );
+        assert!(status_of(&a).contains("detail=range"), "{}", status_of(&a));
+        // The slice request, then the client's own.
+        assert_eq!(origin.count(path), 2, "{path}");
+        // A range: the origin's answer to it, as it is.
+        let b = request("GET", &front.url(path), &[("range", "bytes=70000-80000")]).await;
+        assert_eq!(b.status, StatusCode::PARTIAL_CONTENT, "{path}");
+        let got = body(&b);
+        assert_eq!(
+            got,
+            Bytes::from(bytes_of(1, 70000, 70000 + got.len() as u64 - 1))
+        );
+        assert!(
+            status_of(&b).contains("detail=hit-for-pass"),
+            "{}",
+            status_of(&b)
+        );
+        // One origin request per request from now on.
+        assert_eq!(origin.count(path), 3, "{path}");
+        let c = request("GET", &front.url(path), &[]).await;
+        assert_eq!(
+            sha256(&body(&c)),
+            sha256(&bytes_of(1, 0, len - 1)),
+            "{path}"
+        );
+        assert_eq!(origin.count(path), 4, "{path}");
+    }
+    assert_eq!(front.cache.objects(), 0);
+}
+
 #[tokio::test]
 async fn an_origin_that_ignores_range_still_works() {
     let (origin, oaddr) = start_origin().await;
@@ -1020,9 +1182,11 @@ async fn a_weak_etag_object_is_whole_when_its_slices_are_refetched() {
     obj.honor_range = false;
     obj.fixed_etag = Some("W/\"gz\"");
     origin.set("/gz", obj);
-    // A memory tier half the object's size: the first slices are gone once it is read.
+    // A memory tier half the object's size: the first slices are gone once it is read. (The
+    // object is over the default bound, a quarter of that tier: allowed explicitly.)
     let mut cfg = config(64 * KIB);
     cfg.memory_bytes = ByteSize(512 * KIB);
+    cfg.max_object_bytes = ByteSize(2 * MIB);
     let front = start_front(cfg, oaddr).await;
     let want = sha256(&bytes_of(1, 0, len - 1));
     let r = request("GET", &front.url("/gz"), &[]).await;
@@ -1096,6 +1260,59 @@ async fn a_chunked_object_whose_first_fill_stopped_early_is_read_whole() {
     );
     assert_eq!(front.cache.objects(), 1, "the object was dropped");
     assert_eq!(metric(&front, "sluice_cache_version_mismatches_total"), 0);
+}
+
+/// Finding: one object's stored bytes had no bound: a chunked answer that never ends (a live
+/// stream) was stored slice after slice while a client followed it, churning the whole of both
+/// tiers, and a later joiner replayed it from slice 0 and broke once that was evicted. Past
+/// `max_object_bytes` the object is forgotten and its URL passed; the client following gets
+/// every byte.
+#[tokio::test]
+async fn an_answer_past_the_object_bound_is_relayed_not_stored() {
+    let (origin, oaddr) = start_origin().await;
+    let slice = 64 * KIB;
+    let len = 24 * slice + 5;
+    let mut obj = Obj::new(len, "max-age=60");
+    obj.honor_range = false;
+    obj.chunked = true;
+    origin.set("/live", obj);
+    let mut cfg = config(slice);
+    cfg.max_object_bytes = ByteSize(4 * slice);
+    let front = start_front(cfg, oaddr).await;
+    let a = request("GET", &front.url("/live"), &[]).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(
+        a.body.as_ref().map(|b| sha256(b)).ok(),
+        Some(sha256(&bytes_of(1, 0, len - 1))),
+        "every byte the origin sent"
+    );
+    assert_eq!(origin.count("/live"), 1);
+    // Nothing of it indexed; in memory at most the window kept for readers a little behind
+    // (never the 24 slices it sent).
+    assert_eq!(front.cache.objects(), 0);
+    let held = metric(&front, "sluice_cache_tier_bytes{tier=\"memory\"}");
+    assert!(held <= 4 * slice, "{held} bytes held in memory");
+    // The URL goes to the origin now, on each request's own.
+    let b = request("GET", &front.url("/live"), &[]).await;
+    assert_eq!(
+        b.body.as_ref().map(|b| sha256(b)).ok(),
+        Some(sha256(&bytes_of(1, 0, len - 1)))
+    );
+    assert!(status_of(&b).contains("hit-for-pass"), "{}", status_of(&b));
+    assert_eq!(origin.count("/live"), 2);
+    assert_eq!(front.cache.objects(), 0);
+    // An answer within the bound is stored as before.
+    let mut small = Obj::new(3 * slice, "max-age=60");
+    small.honor_range = false;
+    small.chunked = true;
+    origin.set("/small", small);
+    request("GET", &front.url("/small"), &[]).await;
+    let hit = request("GET", &front.url("/small"), &[]).await;
+    assert!(
+        status_of(&hit).starts_with("sluice; hit"),
+        "{}",
+        status_of(&hit)
+    );
 }
 
 #[tokio::test]
@@ -2303,6 +2520,37 @@ async fn only_if_cached_and_methods() {
     assert_eq!(origin.count("/o"), 0);
     let r = request("POST", &front.url("/o"), &[]).await;
     assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+/// Finding: `only-if-cached` was a 504 only when nothing was stored; a stored object the
+/// request could not use as it was (stale, or asked with `no-cache`) was revalidated with
+/// the origin the client asked not to be contacted. It is a 504 too; a fresh one is served.
+#[tokio::test]
+async fn only_if_cached_never_reaches_the_origin_for_a_stored_object() {
+    let (origin, oaddr) = start_origin().await;
+    origin.set("/oic", Obj::new(10, "max-age=60"));
+    origin.set("/oic-stale", Obj::new(10, "max-age=0"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    request("GET", &front.url("/oic"), &[]).await;
+    request("GET", &front.url("/oic-stale"), &[]).await;
+    assert_eq!(front.cache.objects(), 2);
+    let fresh = request(
+        "GET",
+        &front.url("/oic"),
+        &[("cache-control", "only-if-cached")],
+    )
+    .await;
+    assert_eq!(fresh.status, StatusCode::OK);
+    assert_eq!(body(&fresh), Bytes::from(bytes_of(1, 0, 9)));
+    for (path, cc) in [
+        ("/oic-stale", "only-if-cached"),
+        ("/oic", "only-if-cached, no-cache"),
+    ] {
+        let r = request("GET", &front.url(path), &[("cache-control", cc)]).await;
+        assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{path} {cc}");
+    }
+    assert_eq!(origin.count("/oic"), 1);
+    assert_eq!(origin.count("/oic-stale"), 1);
 }
 
 // === missing slices: fetched for the shared object, not for the client that needed them ===

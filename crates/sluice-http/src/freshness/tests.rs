@@ -98,15 +98,18 @@ fn s3_no_store_private_set_cookie_vary_star() {
         ),
         Err(NotStorable::SetCookie)
     );
-    assert!(store(
-        &none,
-        200,
-        &headers(&[
-            ("cache-control", "public, max-age=9"),
-            ("set-cookie", "a=b")
-        ])
-    )
-    .is_ok());
+    // Not even `public` or `s-maxage`: the client whose request fetched it gets its cookie
+    // only from an answer passed on as the origin sent it.
+    for cc in ["public, max-age=9", "s-maxage=9"] {
+        assert_eq!(
+            store(
+                &none,
+                200,
+                &headers(&[("cache-control", cc), ("set-cookie", "a=b")])
+            ),
+            Err(NotStorable::SetCookie)
+        );
+    }
     // A request's no-store, honoured by default.
     let req = headers(&[("cache-control", "no-store")]);
     assert_eq!(
@@ -229,6 +232,49 @@ fn s4_2_3_age() {
     assert_eq!(AgeClock::new(&h, t(0), t(0)).initial_age, 0);
 }
 
+/// RFC 9111 §1.2.2: an `Age` too large for the cache saturates (very old), never counts as 0.
+#[test]
+fn s1_2_2_a_huge_age_saturates() {
+    let huge = headers(&[("age", "99999999999999999999999")]);
+    let clock = AgeClock::new(&huge, t(0), t(0));
+    assert_eq!(clock.initial_age, crate::cache_control::DELTA_SECONDS_CAP);
+    let f = store(
+        &HeaderMap::new(),
+        200,
+        &headers(&[("cache-control", "max-age=60")]),
+    )
+    .unwrap();
+    assert!(matches!(
+        decide_use(
+            &f,
+            clock.current_age(t(0)),
+            &CacheControl::default(),
+            &FreshnessPolicy::default()
+        ),
+        Use::Revalidate { .. }
+    ));
+    // A copy's lifetime cap counts from the saturated age too (not 30 s from 0).
+    let p = FreshnessPolicy {
+        copy_ttl_secs: std::num::NonZeroU32::new(30),
+        ..FreshnessPolicy::default()
+    };
+    let mut h = headers(&[("cache-control", "max-age=1000000000000")]);
+    h.insert(AGE, HeaderValue::from_static("99999999999999999999999"));
+    let f = storability(
+        &Method::GET,
+        &HeaderMap::new(),
+        StatusCode::OK,
+        &h,
+        t(0),
+        &p,
+    )
+    .unwrap();
+    assert_eq!(f.lifetime, crate::cache_control::DELTA_SECONDS_CAP);
+    // Not delta-seconds: absent.
+    let bad = headers(&[("age", "-5")]);
+    assert_eq!(AgeClock::new(&bad, t(0), t(0)).initial_age, 0);
+}
+
 #[test]
 fn rfc5861_and_grace() {
     let none = HeaderMap::new();
@@ -284,6 +330,38 @@ fn rfc5861_and_grace() {
     )
     .unwrap();
     assert_eq!((f.stale_while_revalidate, f.stale_if_error), (0, 0));
+}
+
+/// RFC 9111 §4.4: a response invalidated by an unsafe method is validated before reuse: no
+/// `stale-while-revalidate`, no `max-stale`, even inside their windows; `stale-if-error` stays.
+#[test]
+fn s4_4_an_invalidated_response_is_validated_before_reuse() {
+    let f = store(
+        &HeaderMap::new(),
+        200,
+        &headers(&[(
+            "cache-control",
+            "max-age=60, stale-while-revalidate=600, stale-if-error=600",
+        )]),
+    )
+    .unwrap();
+    let p = FreshnessPolicy::default();
+    let inv = f.invalidated();
+    for cc in [
+        CacheControl::default(),
+        parse_str("max-stale"),
+        parse_str("max-stale=3600"),
+    ] {
+        assert_eq!(
+            decide_use(&inv, 1, &cc, &p),
+            Use::Revalidate {
+                stale_if_error: true
+            },
+            "{cc:?}"
+        );
+    }
+    // The same response, not invalidated, is fresh.
+    assert_eq!(decide_use(&f, 1, &CacheControl::default(), &p), Use::Fresh);
 }
 
 #[test]

@@ -94,6 +94,10 @@ pub struct CacheConfig {
     pub max_inflight_slices: usize,
     /// Bytes a fill keeps reading for an origin that ignores `Range` after every client went away.
     pub detached_fill_bytes: ByteSize,
+    /// Most bytes of one object's whole answer the tiers keep (`0`: a quarter of the largest
+    /// tier, `disk_bytes` with a disk tier, else `memory_bytes`). Past it the object is
+    /// forgotten and its URL passed (`object_bound`).
+    pub max_object_bytes: ByteSize,
     /// Seconds an uncacheable answer keeps its URL out of the coalescing path (hit-for-pass).
     pub hit_for_pass_secs: u64,
     /// Slices waiting to be written to disk; a fill that finds the queue full waits for room
@@ -148,6 +152,7 @@ impl Default for CacheConfig {
             max_objects: 100_000,
             max_inflight_slices: 64,
             detached_fill_bytes: ByteSize(64 << 20),
+            max_object_bytes: ByteSize(0),
             hit_for_pass_secs: 120,
             disk_queue: 64,
             disk_read_timeout_ms: 1000,
@@ -267,6 +272,22 @@ impl CacheConfig {
             grace_secs: self.grace_secs,
             request_directives: self.request_directives,
         }
+    }
+
+    /// The most bytes of one object's whole answer stored (`max_object_bytes`, else a quarter
+    /// of the largest tier), never less than a slice. Past it an answer (a chunked live stream
+    /// that never ends, say) would push out everything else, on both tiers, again and again.
+    pub fn object_bound(&self) -> u64 {
+        let slice = self.slice_bytes.0;
+        if self.max_object_bytes.0 > 0 {
+            return self.max_object_bytes.0.max(slice);
+        }
+        let tier = if self.disk_path.is_some() {
+            self.disk_bytes.0.max(self.memory_bytes.0)
+        } else {
+            self.memory_bytes.0
+        };
+        (tier / 4).max(slice)
     }
 
     /// Checks what types alone cannot.

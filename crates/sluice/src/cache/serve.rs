@@ -149,10 +149,18 @@ impl Inner {
                 let now = SystemTime::now();
                 let mut fresh = meta.freshness;
                 if meta.soft_purged {
-                    fresh.lifetime = 0;
+                    // Invalidated (an unsafe method's success, a soft purge): validated before
+                    // any reuse, never served stale while revalidating (RFC 9111 §4.4).
+                    fresh = fresh.invalidated();
                 }
                 let age = meta.clock.current_age(now);
-                match decide_use(&fresh, age, &req_cc, policy) {
+                let decided = decide_use(&fresh, age, &req_cc, policy);
+                if req_cc.only_if_cached && matches!(decided, Use::Revalidate { .. }) {
+                    // RFC 9111 §5.2.1.7: stored, but not usable without the origin, which this
+                    // client asked not to be contacted.
+                    return error_response(StatusCode::GATEWAY_TIMEOUT, "not cached");
+                }
+                match decided {
                     Use::Fresh => {
                         self.metrics.result("hit");
                         let status = CacheStatus {

@@ -216,6 +216,15 @@ async fn fetch(
                     range: Some(r),
                     complete_length: Some(len),
                 }) if r.start == want.start && r.end == want.end.min(len - 1) => (true, Some(len)),
+                _ if matches!(job.kind, JobKind::Cold { .. }) => {
+                    // A valid answer all the same (RFC 9110 §14.2: fewer bytes than asked, or
+                    // `bytes 0-1048575/*` for a file still growing), but not a slice of an
+                    // object of known length: nothing to store. The URL is remembered as
+                    // uncacheable (hit-for-pass), and every waiter asks the origin with its own
+                    // request, which gets the right answer for it (a 502 after three writers
+                    // before).
+                    return cold_range_pass(inner, fill, key, &job.kind);
+                }
                 _ => return FillEnd::Failed("origin sent a Content-Range other than asked".into()),
             }
         }
@@ -401,9 +410,29 @@ async fn fetch(
             own: fill.clone(),
             own_index: key.index,
             bytes: Some(bytes),
+            cold: key,
+            bound: inner.config.object_bound(),
+            storing: true,
         };
         w.run(body).await
     }
+}
+
+/// Ends a cold fill whose 206 cannot be stored as the slice asked for (`fetch`) as a pass
+/// (reason `range`), the URL marked to pass for `hit_for_pass_secs`.
+fn cold_range_pass(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, kind: &JobKind) -> FillEnd {
+    if let JobKind::Cold { primary, .. } = kind {
+        let until = tokio::time::Instant::now().into_std()
+            + Duration::from_secs(inner.config.hit_for_pass_secs);
+        let dropped = inner.index.mark_pass(primary, until);
+        inner.drop_objects(&dropped);
+    }
+    inner.metrics.uncacheable.inc();
+    // Out of the in-flight map before the waiters learn the answer (see the uncacheable
+    // answers in `fetch`); the partial answer is for a `Range` the client may not have sent.
+    inner.release(key, fill);
+    fill.finish(FillEnd::Pass { reason: "range" });
+    FillEnd::Pass { reason: "range" }
 }
 
 async fn fill_ranged(
@@ -460,7 +489,19 @@ struct WholeBody<'a> {
     /// The budget's bytes for the slice being read; each complete slice takes its reservation
     /// to the store, and the next one waits for a new one.
     bytes: Option<Reservation>,
+    /// The key the job's own fill was registered under (its cold key on a miss).
+    cold: SliceKey,
+    /// The most bytes of one object the tiers keep (`CacheConfig::object_bound`).
+    bound: u64,
+    /// Whether complete slices are still stored as the object's: false once the answer has
+    /// passed `bound` (then they are relayed to the readers following, and kept in the memory
+    /// tier only for the last `RELAY_WINDOW` slices, for readers a little behind).
+    storing: bool,
 }
+
+/// Slices of an answer past the object bound kept in the memory tier behind the one being read:
+/// a reader that far behind the origin still finds the slice it moves on to.
+const RELAY_WINDOW: u64 = 4;
 
 impl WholeBody<'_> {
     async fn run(&mut self, mut body: Body) -> FillEnd {
@@ -559,7 +600,7 @@ impl WholeBody<'_> {
             self.close(index + 1, &next, end.clone());
             return own_end.unwrap_or(end);
         }
-        if self.meta.length.is_none() {
+        if self.meta.length.is_none() && self.storing {
             let mut m = (*self.meta).clone();
             m.length = Some(length);
             let m = Arc::new(m);
@@ -627,6 +668,16 @@ impl WholeBody<'_> {
         current: &Option<Arc<Fill>>,
         end: FillEnd,
     ) {
+        let stored = index
+            .saturating_mul(self.inner.slice_bytes)
+            .saturating_add(slice.len);
+        if self.storing && stored > self.bound {
+            self.stop_storing(index);
+        }
+        if !self.storing {
+            self.relay(index, slice, current, end);
+            return;
+        }
         let bytes = match self.bytes.take() {
             Some(b) => b,
             None => self.inner.budget.reserve(self.inner.slice_bytes).await,
@@ -634,6 +685,50 @@ impl WholeBody<'_> {
         self.inner
             .store_slice(self.key(index), slice, bytes, current.as_deref())
             .await;
+        self.close(index, current, end);
+    }
+
+    /// The answer has passed the object bound (`max_object_bytes`; a chunked live stream never
+    /// ends): stored on, it would churn all of both tiers, and a later joiner replaying from
+    /// slice 0 would break once that was evicted. The object is forgotten (index, disk, and the
+    /// memory tier up to the relay window), its URL marked to pass for `hit_for_pass_secs` so
+    /// later requests go to the origin on their own, and its cold key leaves the in-flight map
+    /// (no new request joins this fill). Readers already following go on (`relay`).
+    fn stop_storing(&mut self, index: u64) {
+        self.storing = false;
+        let inner = self.inner;
+        inner.metrics.uncacheable.inc();
+        inner
+            .index
+            .remove_object(&self.meta.primary, self.meta.id, self.meta.generation);
+        inner.drop_objects(std::slice::from_ref(&self.meta));
+        let until = tokio::time::Instant::now().into_std()
+            + Duration::from_secs(inner.config.hit_for_pass_secs);
+        let dropped = inner.index.mark_pass(&self.meta.primary, until);
+        inner.drop_objects(&dropped);
+        // Its slices in memory (a length still unknown, `drop_objects` leaves them), but for
+        // the window kept for the readers following.
+        for i in 0..index.saturating_sub(RELAY_WINDOW - 1) {
+            inner.memory.remove(&self.key(i));
+        }
+        inner.release(self.cold, &self.own);
+    }
+
+    /// A complete slice past the object bound: to the memory tier only, for the readers
+    /// following (who move on to it from the fill they read), and the slice `RELAY_WINDOW`
+    /// behind leaves it; never to disk, never indexed.
+    fn relay(&mut self, index: u64, slice: Slice, current: &Option<Arc<Fill>>, end: FillEnd) {
+        let slice = slice.compacted();
+        if let (Some(f), Some(whole)) = (current, slice.chunks.first()) {
+            f.share(whole);
+        }
+        self.inner.memory.insert(self.key(index), slice);
+        // As without a disk tier: the slice is in the memory tier, its transit bytes are free.
+        self.bytes = None;
+        self.inner.budget.sample();
+        if let Some(old) = index.checked_sub(RELAY_WINDOW) {
+            self.inner.memory.remove(&self.key(old));
+        }
         self.close(index, current, end);
     }
 
