@@ -565,9 +565,11 @@ impl Recovery {
         // Room for this parity within `MAX_PARITY_BYTES`, the oldest other blocks dropped for it
         // (this block alone never holds more: 254 × `MAX_RTP_LEN` is below it).
         let mut at = at;
-        while self.parity_bytes + len > MAX_PARITY_BYTES && at > 0 {
-            self.evict_oldest();
-            at -= 1;
+        while self.parity_bytes + len > MAX_PARITY_BYTES && self.blocks.len() > 1 {
+            // The oldest block other than this one (this one may be the oldest).
+            let gone = self.blocks.remove(if at == 0 { 1 } else { 0 });
+            self.parity_bytes -= gone.held();
+            at = at.saturating_sub(1);
         }
         self.blocks[at].parity[usize::from(header.index)] = Some(parity[..len].to_vec());
         self.parity_bytes += len;

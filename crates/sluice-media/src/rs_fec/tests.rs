@@ -273,6 +273,38 @@ fn open_blocks_hold_at_most_max_parity_bytes() {
     assert_eq!(held(&r), r.parity_bytes());
 }
 
+/// Parity arriving for the oldest open block, with the others holding the rest of the bound,
+/// makes room by dropping the oldest other block: the bound holds whichever block it is for.
+#[test]
+fn parity_for_the_oldest_block_stays_within_the_bound() {
+    let mut r = Recovery::new(1024);
+    r.media(0, &media(0, false));
+    let header = |b: u16, index: u8| RsHeader {
+        begin: 2000 + b * 128,
+        end: 2000 + b * 128 + 127,
+        m: 127,
+        index,
+        fec_len: 2048,
+        rtp_len: 2048,
+    };
+    // Half of each block's parity, until the open blocks hold nearly the bound.
+    let mut b = 0;
+    while r.parity_bytes() + 64 * 2048 <= MAX_PARITY_BYTES && (b as usize) < MAX_BLOCKS {
+        for index in 0..64u8 {
+            assert!(r.fec(&header(b, index), &[0xa5; 2048]));
+        }
+        b += 1;
+    }
+    let oldest = r.blocks[0].header.begin;
+    for index in 64..127u8 {
+        assert!(r.fec(&header(0, index), &[0xa5; 2048]));
+        assert!(held(&r) <= MAX_PARITY_BYTES, "{} bytes held", held(&r));
+    }
+    assert_eq!(held(&r), r.parity_bytes());
+    assert_eq!(r.blocks[0].header.begin, oldest);
+    assert_eq!(r.blocks[0].parity.iter().flatten().count(), 127);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
