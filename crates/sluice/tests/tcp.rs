@@ -1700,3 +1700,82 @@ async fn tls_client_close_without_close_notify_is_an_end_of_stream() {
         .metrics()
         .contains("sluice_tcp_connections_ended_total{listener=\"127.0.0.1:0\",how=\"closed\"} 1"));
 }
+
+/// A black hole on `[::1]` (a listener whose accept queue is full drops further SYNs, as
+/// `black_hole` builds one on 127.0.0.1) and an echo server on `127.0.0.1` at the same port, so a
+/// `.localhost` name's first address (`::1`, in the resolver's RFC 6761 order) is silent and its
+/// second answers. The echo server's connections are counted; `None` without an IPv6 loopback.
+#[allow(clippy::type_complexity)]
+async fn silent_v6_then_echo_v4() -> Option<(
+    u16,
+    socket2::Socket,
+    Vec<TcpStream>,
+    tokio::task::JoinHandle<()>,
+    Arc<std::sync::atomic::AtomicUsize>,
+)> {
+    for _ in 0..20 {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None).ok()?;
+        socket.set_only_v6(true).ok()?;
+        let v6: std::net::SocketAddr = "[::1]:0".parse().unwrap();
+        socket.bind(&v6.into()).ok()?;
+        socket.listen(0).unwrap();
+        let hole = socket.local_addr().unwrap().as_socket().unwrap();
+        let Ok(listener) = tokio::net::TcpListener::bind(("127.0.0.1", hole.port())).await else {
+            continue; // The port is taken on IPv4: another pair.
+        };
+        let mut fillers = Vec::new();
+        for _ in 0..4 {
+            if let Ok(Ok(s)) =
+                tokio::time::timeout(Duration::from_millis(200), TcpStream::connect(hole)).await
+            {
+                fillers.push(s);
+            }
+        }
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        let echo = tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+        return Some((hole.port(), socket, fillers, echo, accepted));
+    }
+    None
+}
+
+/// Finding: a `[[tcp]]` server given by a name was looked up with `getaddrinfo` on each new
+/// connection (outside the shared resolver: no cache, no bound on blocking lookups, `.localhost`
+/// left to DNS) and its addresses tried one after the other, the first holding the connect until
+/// `connect_timeout_secs` ran out, so a first address that drops SYNs failed the connection and
+/// the next was never tried. The name goes through the shared resolver (`app.localhost` is `::1`
+/// then `127.0.0.1`, RFC 6761) and its addresses are raced as Happy Eyeballs does: the silent
+/// `::1` costs a stagger and `127.0.0.1` answers.
+#[tokio::test]
+async fn a_server_name_whose_first_address_is_silent_connects_to_the_next() {
+    let Some((port, _hole, _fillers, echo, accepted)) = silent_v6_then_echo_v4().await else {
+        panic!("this test needs the IPv6 loopback address (::1) on lo");
+    };
+    let mut config = one_group(&format!("\"app.localhost:{port}\""), "max_fails = 0");
+    config.push_str("connect_timeout_secs = 5\n");
+    let proxy = Proxy::start(&config);
+    let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+    // Errors are read below: a connection refused is closed (or reset) unread.
+    let _ = s.write_all(b"by name").await;
+    let _ = s.shutdown().await;
+    let got = read_all(&mut s, 30).await;
+    assert_eq!(
+        got.as_deref().ok(),
+        Some(&b"by name"[..]),
+        "the next address was never reached: {got:?}"
+    );
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    let m = proxy.metrics();
+    assert!(!m.contains("reason=\"connect_failed\""), "{m}");
+    echo.abort();
+}

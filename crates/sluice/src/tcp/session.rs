@@ -18,6 +18,7 @@ use super::share::Place;
 use super::{Settings, Shared};
 use crate::net::splice::{self, Direction, RelayError, Side};
 use crate::upstream::group::{Balance, Group, InFlight, Plan};
+use crate::upstream::happy;
 
 /// Most bytes buffered while waiting for a complete ClientHello (a 16 KiB hello in up to
 /// `client_hello::MAX_RECORDS` records, with room to spare).
@@ -347,11 +348,12 @@ async fn connect_first(
 ) -> Result<(TcpStream, InFlight), Unconnected> {
     let m = &shared.metrics;
     let connect_timeout = Duration::from_secs(s.config.connect_timeout_secs);
+    // Each address of a server's name may use half the budget, as the other dials do, so a
+    // silent first address leaves the next its turn within `connect_timeout_secs`.
+    let attempt = (connect_timeout / 2).max(happy::STAGGER);
     for server in plan {
         let in_flight = server.begin();
-        let why = match tokio::time::timeout(connect_timeout, TcpStream::connect(server.addr()))
-            .await
-        {
+        let why = match tokio::time::timeout(connect_timeout, dial(server.addr(), attempt)).await {
             Ok(Ok(up)) => {
                 server.report_success();
                 return Ok((up, in_flight));
@@ -382,6 +384,18 @@ async fn connect_first(
             .inc();
     }
     Err(Unconnected::Refused("connect_failed"))
+}
+
+/// Connects to a server: an `ip:port` at once; a `host:port` through the shared resolver
+/// (cached, `localhost` answered locally, C library lookups bounded) with its addresses raced as
+/// Happy Eyeballs does (at most [`happy::MAX_ATTEMPTS`]), each within `attempt`: a silent first
+/// address costs [`happy::STAGGER`], not the whole connect deadline.
+async fn dial(addr: &str, attempt: Duration) -> std::io::Result<TcpStream> {
+    // An address (the common server): one connect, no resolver and no race to set up.
+    if let Ok(sa) = addr.parse::<SocketAddr>() {
+        return TcpStream::connect(sa).await;
+    }
+    happy::connect_name(addr, attempt).await
 }
 
 /// `first` (PROXY header, peeked ClientHello) to the upstream, then the relay, raced against the
