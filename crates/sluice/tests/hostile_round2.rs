@@ -765,6 +765,128 @@ async fn the_upstream_guard_refuses_special_purpose_ipv6() {
     }
 }
 
+// === The SSRF guard refuses this machine's own interface addresses ===
+
+/// This machine's interface addresses other than loopback and link-local (`getifaddrs(3)`, read
+/// here independently of the guard's own reader).
+fn interface_addresses() -> Vec<std::net::IpAddr> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    assert_eq!(unsafe { libc::getifaddrs(&mut head) }, 0);
+    let mut node = head;
+    while !node.is_null() {
+        let ifa = unsafe { &*node };
+        if !ifa.ifa_addr.is_null() {
+            let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+            if family == libc::AF_INET {
+                let sin =
+                    unsafe { std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in>()) };
+                out.push(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)).into());
+            } else if family == libc::AF_INET6 {
+                let sin6 =
+                    unsafe { std::ptr::read_unaligned(ifa.ifa_addr.cast::<libc::sockaddr_in6>()) };
+                let v6 = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                if (v6.segments()[0] & 0xffc0) != 0xfe80 {
+                    out.push(v6.into());
+                }
+            }
+        }
+        node = ifa.ifa_next;
+    }
+    unsafe { libc::freeifaddrs(head) };
+    out.retain(|a: &std::net::IpAddr| !a.is_loopback());
+    out
+}
+
+/// A listener on every address (`0.0.0.0` or `[::]`) of one port that answers `200 own` and
+/// counts the connections it accepts.
+async fn counting_listener(any: &str) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let l = tokio::net::TcpListener::bind(any).await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let accepts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = accepts.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nown",
+                    )
+                    .await;
+            });
+        }
+    });
+    (port, accepts)
+}
+
+#[tokio::test]
+async fn the_upstream_guard_refuses_this_machines_own_addresses() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let own = interface_addresses();
+    let Some(v4) = own.iter().find(|a| a.is_ipv4()).copied() else {
+        eprintln!("no IPv4 interface address besides loopback: nothing to test");
+        return;
+    };
+    // Services bound to every address, as a database or a container daemon often is.
+    let (port4, accepts4) = counting_listener("0.0.0.0:0").await;
+    let v6_listener = match tokio::net::TcpListener::bind("[::1]:0").await {
+        Ok(_) => Some(counting_listener("[::]:0").await),
+        Err(_) => None,
+    };
+    let mut targets = vec![
+        format!("http://{v4}:{port4}/x"),
+        format!("http://[::ffff:{v4}]:{port4}/x"),
+    ];
+    if let Some((port6, _)) = &v6_listener {
+        for a in own.iter().filter(|a| a.is_ipv6()) {
+            targets.push(format!("http://[{a}]:{port6}/x"));
+        }
+    }
+
+    // The guard on: refused before any connection, like every other class (403, the class named).
+    let mut config = test_config();
+    config.upstream.allow_private = false;
+    let s = Sluice::start(config).await;
+    for target in &targets {
+        for path in ["/proxy/stream", "/proxy/forward"] {
+            let r = get(&s.url(&format!("{path}?d={}", enc(target)))).await;
+            assert_eq!(r.status, 403, "{path} {target}");
+            let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+            assert!(
+                body.contains("resolves to a this-host address"),
+                "{path} {target}: {body}"
+            );
+        }
+    }
+    assert_eq!(
+        accepts4.load(SeqCst),
+        0,
+        "sluice connected to its own address"
+    );
+    if let Some((_, accepts6)) = &v6_listener {
+        assert_eq!(
+            accepts6.load(SeqCst),
+            0,
+            "sluice connected to its own address"
+        );
+    }
+    drop(s);
+
+    // With `allow_private` the operator allows it: the traffic stays on this host.
+    let s = Sluice::start(test_config()).await;
+    let r = get(&s.url(&format!(
+        "/proxy/stream?d={}",
+        enc(&format!("http://{v4}:{port4}/x"))
+    )))
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), "own");
+    assert_eq!(accepts4.load(SeqCst), 1);
+}
+
 // === 16: /epg.xml.gz is routed ===
 
 #[tokio::test]

@@ -174,6 +174,8 @@ impl Reloader {
     }
 
     fn reload_in_turn(&self) -> anyhow::Result<Applied> {
+        // The upstream guard refuses this machine's own addresses: a reload reads them again.
+        crate::upstream::guard::refresh_own_addresses();
         let config = Config::load(self.file.as_deref(), std::env::vars(), &self.flags)?;
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let new = flatten(&config);

@@ -4,7 +4,8 @@
 //! told, so an error cannot be used to map the internal network behind a public name.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 /// The header every upstream request of the media front end and the gateway carries, with this
 /// process's [`loop_mark`]: a request that arrives with it came from this sluice itself (an
@@ -40,7 +41,9 @@ fn own_listeners() -> &'static std::sync::Mutex<Vec<std::net::SocketAddr>> {
 pub struct OwnListeners(Vec<std::net::SocketAddr>);
 
 impl OwnListeners {
+    /// Also reads this machine's interface addresses again (a server's start).
     pub fn register(addrs: Vec<std::net::SocketAddr>) -> OwnListeners {
+        refresh_own_addresses();
         let mut own = own_listeners().lock().unwrap_or_else(|e| e.into_inner());
         own.extend(addrs.iter().copied());
         OwnListeners(addrs)
@@ -59,29 +62,177 @@ impl Drop for OwnListeners {
 }
 
 /// Whether `target` is one of this process's own listeners (a wildcard listener counts for
-/// every loopback address and its own port): fetching it would make sluice its own origin.
+/// every loopback address, every address of this machine's interfaces, and its own port):
+/// fetching it would make sluice its own origin.
 pub fn is_own_listener(target: std::net::SocketAddr) -> bool {
-    let ip = match target.ip() {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(target.ip(), IpAddr::V4),
-        v4 => v4,
+    let ip = canonical(target.ip());
+    let wildcard = {
+        let own = own_listeners().lock().unwrap_or_else(|e| e.into_inner());
+        let mut wildcard = false;
+        for l in own.iter().filter(|l| l.port() == target.port()) {
+            if l.ip() == ip {
+                return true;
+            }
+            wildcard |= l.ip().is_unspecified();
+        }
+        wildcard
     };
-    let own = own_listeners().lock().unwrap_or_else(|e| e.into_inner());
-    own.iter().any(|l| {
-        l.port() == target.port()
-            && (l.ip() == ip
-                || (l.ip().is_unspecified() && (ip.is_loopback() || ip.is_unspecified())))
-    })
+    wildcard
+        && (ip.is_loopback() || ip.is_unspecified() || own_addresses().binary_search(&ip).is_ok())
 }
+
+/// The class of an address of one of this machine's own network interfaces (not loopback, which
+/// has its own): reached over `lo`, which host firewalls accept, so it leads to services bound to
+/// `0.0.0.0` that the firewall hides from the outside, whatever class the address is in.
+pub const THIS_HOST: &str = "this-host";
 
 /// Why an address is refused, or `None` if it is public.
 pub fn non_public_reason(ip: IpAddr) -> Option<&'static str> {
+    let ip = canonical(ip);
+    if ip.is_loopback() {
+        return Some("loopback");
+    }
+    reason_among(ip, &own_addresses())
+}
+
+/// [`non_public_reason`] with `own` (sorted) as this machine's interface addresses.
+fn reason_among(ip: IpAddr, own: &[IpAddr]) -> Option<&'static str> {
+    let ip = canonical(ip);
+    if !ip.is_loopback() && own.binary_search(&ip).is_ok() {
+        return Some(THIS_HOST);
+    }
     match ip {
         IpAddr::V4(v4) => v4_reason(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => v4_reason(v4),
-            None => v6_reason(v6),
-        },
+        IpAddr::V6(v6) => v6_reason(v6),
     }
+}
+
+/// An IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) as its IPv4 address; any other as it is.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// How long a read of the interface addresses is used before a lookup reads them again: they
+/// change under a running process (DHCP, a VPN coming up, a container's network attached).
+const OWN_ADDRESSES_MAX_AGE: Duration = Duration::from_secs(30);
+
+/// This machine's interface addresses (sorted) and when they were read.
+struct OwnAddresses {
+    addrs: Arc<[IpAddr]>,
+    read: Option<Instant>,
+}
+
+fn own_addresses_state() -> &'static Mutex<OwnAddresses> {
+    static STATE: OnceLock<Mutex<OwnAddresses>> = OnceLock::new();
+    STATE.get_or_init(|| {
+        Mutex::new(OwnAddresses {
+            addrs: Arc::from(Vec::new()),
+            read: None,
+        })
+    })
+}
+
+/// Reads this machine's interface addresses again now: at a server's start and on a reload (a
+/// lookup also reads them when the last read is older than 30 s).
+pub fn refresh_own_addresses() {
+    if let Some(addrs) = interface_addresses() {
+        let mut st = own_addresses_state()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        st.addrs = addrs.into();
+        st.read = Some(Instant::now());
+    }
+}
+
+/// This machine's interface addresses, sorted; read again when the last read is older than
+/// [`OWN_ADDRESSES_MAX_AGE`]. The first read happens under the lock (every caller needs it); a
+/// later one by the one caller that finds the list stale, the others going on with the old list
+/// meanwhile. A failed read (`getifaddrs` needs a socket: none left under descriptor
+/// exhaustion) keeps the old list and is tried again 30 s later.
+fn own_addresses() -> Arc<[IpAddr]> {
+    let mut st = own_addresses_state()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let now = Instant::now();
+    if st
+        .read
+        .is_some_and(|t| now.duration_since(t) < OWN_ADDRESSES_MAX_AGE)
+    {
+        return st.addrs.clone();
+    }
+    let first = st.read.is_none();
+    st.read = Some(now);
+    if first {
+        if let Some(addrs) = interface_addresses() {
+            st.addrs = addrs.into();
+        }
+        return st.addrs.clone();
+    }
+    let old = st.addrs.clone();
+    drop(st);
+    match interface_addresses() {
+        Some(addrs) => {
+            let addrs: Arc<[IpAddr]> = addrs.into();
+            own_addresses_state()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .addrs = addrs.clone();
+            addrs
+        }
+        None => old,
+    }
+}
+
+/// The addresses of this machine's network interfaces (`getifaddrs(3)`), IPv4-mapped ones as
+/// IPv4, sorted and without repeats; `None` if the call fails. An IPv6 address's scope (a
+/// link-local one's interface) is not part of it: the address alone names this host.
+///
+/// Written on `libc` (already a dependency) because nothing in the tree wraps `getifaddrs`
+/// (rustix does not), and a crate for this one call would be more code to trust than these
+/// lines.
+fn interface_addresses() -> Option<Vec<IpAddr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: on success getifaddrs stores the head of a list it allocated in `head`; the list is
+    // freed once, below, after the last read of it.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            "cannot read this machine's interface addresses; the upstream guard keeps the last ones"
+        );
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut node = head;
+    while !node.is_null() {
+        // SAFETY: `node` is a node of the list getifaddrs returned, which is not freed yet.
+        let ifa = unsafe { &*node };
+        let sa = ifa.ifa_addr;
+        if !sa.is_null() {
+            // SAFETY: a non-null `ifa_addr` points at a socket address whose family field says
+            // which `sockaddr_*` it is; it is read without assuming its alignment.
+            let family = i32::from(unsafe { (*sa).sa_family });
+            if family == libc::AF_INET {
+                let sin = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in>()) };
+                out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                    sin.sin_addr.s_addr,
+                ))));
+            } else if family == libc::AF_INET6 {
+                let sin6 = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in6>()) };
+                out.push(canonical(IpAddr::V6(Ipv6Addr::from(
+                    sin6.sin6_addr.s6_addr,
+                ))));
+            }
+        }
+        node = ifa.ifa_next;
+    }
+    // SAFETY: `head` came from a successful getifaddrs and is freed this once.
+    unsafe { libc::freeifaddrs(head) };
+    out.sort_unstable();
+    out.dedup();
+    Some(out)
 }
 
 fn v4_reason(ip: Ipv4Addr) -> Option<&'static str> {
@@ -237,6 +388,47 @@ mod tests {
             ("2a00:1450::1", None),
         ] {
             assert_eq!(non_public_reason(ip.parse().unwrap()), want, "{ip}");
+        }
+    }
+
+    #[test]
+    fn this_machines_own_addresses_are_this_host() {
+        // A VPS's public address on its own interface: reached over `lo`, past the firewall.
+        let mut own: Vec<IpAddr> = ["8.8.4.4", "2a00:1450::5", "fe80::fc:ff:fe00:1", "10.0.0.5"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        own.sort_unstable();
+        for (ip, want) in [
+            ("8.8.4.4", Some(THIS_HOST)),
+            ("::ffff:8.8.4.4", Some(THIS_HOST)),
+            ("2a00:1450::5", Some(THIS_HOST)),
+            ("fe80::fc:ff:fe00:1", Some(THIS_HOST)),
+            ("10.0.0.5", Some(THIS_HOST)),
+            // Other addresses keep their class; loopback stays loopback.
+            ("8.8.8.8", None),
+            ("2a00:1450::6", None),
+            ("10.0.0.6", Some("private")),
+            ("127.0.0.1", Some("loopback")),
+        ] {
+            assert_eq!(reason_among(ip.parse().unwrap(), &own), want, "{ip}");
+        }
+        // A scoped link-local target (`fe80::...%eth0`) is judged by its address alone.
+        let scoped: std::net::SocketAddrV6 = "[fe80::fc:ff:fe00:1%2]:80".parse().unwrap();
+        assert_eq!(
+            reason_among(IpAddr::V6(*scoped.ip()), &own),
+            Some(THIS_HOST)
+        );
+    }
+
+    #[test]
+    fn the_interface_addresses_are_read() {
+        let addrs = interface_addresses().expect("getifaddrs");
+        assert!(addrs.windows(2).all(|w| w[0] < w[1]), "{addrs:?}");
+        // Every machine the tests run on has a loopback interface.
+        assert!(addrs.iter().any(|a| a.is_loopback()), "{addrs:?}");
+        for a in addrs.iter().filter(|a| !a.is_loopback()) {
+            assert_eq!(non_public_reason(*a), Some(THIS_HOST), "{a}");
         }
     }
 }
