@@ -46,6 +46,13 @@ pub struct FreshnessPolicy {
     /// for at most this long after it arrives, on top of the `Age` it arrives with, and never
     /// longer than its own lifetime. `None`: no cap.
     pub copy_ttl_secs: Option<std::num::NonZeroU32>,
+    /// Whether an answer with `Set-Cookie` that the origin marks shared (`public`,
+    /// `s-maxage`) is stored all the same (its cookie not kept). Off (reverse routes), every
+    /// answer with `Set-Cookie` is passed, so the client whose request fetched it keeps its
+    /// cookie. On for the media front end, which never hands an origin's `Set-Cookie` to its
+    /// clients: refusing there stored nothing for them (a `public` segment behind a load
+    /// balancer's cookie, AWSALB, was fetched again by every viewer, without prefetch).
+    pub store_shared_set_cookie: bool,
 }
 
 impl Default for FreshnessPolicy {
@@ -59,6 +66,7 @@ impl Default for FreshnessPolicy {
             request_directives: RequestDirectives::Honor,
             store_cookie_requests: true,
             copy_ttl_secs: None,
+            store_shared_set_cookie: false,
         }
     }
 }
@@ -150,7 +158,8 @@ fn understood(status: StatusCode) -> bool {
 /// Decides whether a response to `method` may be stored (RFC 9111 §3, §3.5), and its freshness.
 /// `response_time` is when the response head arrived; an answer with `Set-Cookie` is refused
 /// (passed to the client that asked, cookie and all), so one user's cookie never reaches
-/// another.
+/// another; with [`FreshnessPolicy::store_shared_set_cookie`], only unless it says `public` or
+/// `s-maxage`.
 pub fn storability(
     method: &Method,
     req_headers: &HeaderMap,
@@ -181,7 +190,10 @@ pub fn storability(
     if vary_names(resp_headers).is_err() {
         return Err(NotStorable::VaryStar);
     }
-    if resp_headers.contains_key(http::header::SET_COOKIE) {
+    let shared = cc.public || cc.s_maxage.is_some();
+    if resp_headers.contains_key(http::header::SET_COOKIE)
+        && !(policy.store_shared_set_cookie && shared)
+    {
         // Whatever the directives (nginx's and Varnish's default): a stored answer is served
         // from its stored fields, which never hold a cookie, so the very client whose request
         // fetched it lost its `Set-Cookie`; and a cookie set on a `public` page is most often a

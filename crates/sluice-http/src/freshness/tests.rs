@@ -118,6 +118,35 @@ fn s3_no_store_private_set_cookie_vary_star() {
     );
 }
 
+/// The media front end's rule (`store_shared_set_cookie`): an answer with `Set-Cookie` is
+/// stored when the origin marks it shared, refused otherwise; the default refuses it whatever.
+#[test]
+fn s3_set_cookie_on_a_shared_answer_is_stored_where_the_policy_says() {
+    let media = FreshnessPolicy {
+        store_shared_set_cookie: true,
+        ..FreshnessPolicy::default()
+    };
+    let with = |policy: &FreshnessPolicy, cc: &str| {
+        storability(
+            &Method::GET,
+            &HeaderMap::new(),
+            StatusCode::OK,
+            &headers(&[("cache-control", cc), ("set-cookie", "AWSALB=x")]),
+            t(0),
+            policy,
+        )
+    };
+    for cc in ["public, max-age=9", "s-maxage=9"] {
+        assert_eq!(with(&media, cc).map(|f| f.lifetime), Ok(9), "{cc}");
+        assert_eq!(
+            with(&FreshnessPolicy::default(), cc),
+            Err(NotStorable::SetCookie),
+            "{cc}"
+        );
+    }
+    assert_eq!(with(&media, "max-age=9"), Err(NotStorable::SetCookie));
+}
+
 #[test]
 fn s3_5_authorization() {
     let req = headers(&[("authorization", "Bearer x")]);

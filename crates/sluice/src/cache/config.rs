@@ -211,6 +211,7 @@ impl PolicyConfig {
             // route decides for itself (`RoutePolicyConfig::cache_cookies`).
             store_cookie_requests: true,
             copy_ttl_secs: None,
+            store_shared_set_cookie: false,
         }
     }
 }

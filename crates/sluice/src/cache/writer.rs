@@ -307,11 +307,20 @@ async fn fetch(
             let headers = object::stored_headers(&parts.headers);
             let tags = object::tags(&parts.headers);
             let fits = object::head_bytes(&headers, &tags) <= inner.index.head_limit();
+            // A whole answer announcing more than one object may keep (`object_bound`) is
+            // passed at its head: its client reads the origin's body itself, at its own pace
+            // (TCP back-pressure), where a fill would read it as fast as the origin sends,
+            // past the bound, for followers that fall behind and fetch it again.
+            let too_large = !ranged && total.is_some_and(|t| t > inner.config.object_bound());
             let fresh = match verdict {
-                Ok(f) if fits => f,
+                Ok(f) if fits && !too_large => f,
                 verdict => {
                     let reason = verdict.err();
-                    let label = reason.map_or("head-too-large", not_storable_label);
+                    let label = match reason {
+                        Some(r) => not_storable_label(r),
+                        None if !fits => "head-too-large",
+                        None => "too-large",
+                    };
                     // Remember the URL as uncacheable unless the reason lies in this request, or
                     // the answer is an error: a 5xx or a 404 says how the origin is doing now
                     // (a live segment not yet published, a hiccup), not what the URL is, and a
@@ -421,12 +430,28 @@ async fn fetch(
 /// Ends a cold fill whose 206 cannot be stored as the slice asked for (`fetch`) as a pass
 /// (reason `range`), the URL marked to pass for `hit_for_pass_secs`.
 fn cold_range_pass(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey, kind: &JobKind) -> FillEnd {
-    if let JobKind::Cold { primary, .. } = kind {
+    if let JobKind::Cold {
+        primary,
+        req_headers,
+        ..
+    } = kind
+    {
+        // Not remembered for an answer to credentials (as `storability`'s request reasons in
+        // `fetch`): it says how the origin answers them, not what the URL is, and one client's
+        // request would keep the URL out of the cache for everyone.
+        if req_headers.contains_key(http::header::AUTHORIZATION) {
+            return cold_range_end(inner, fill, key);
+        }
         let until = tokio::time::Instant::now().into_std()
             + Duration::from_secs(inner.config.hit_for_pass_secs);
         let dropped = inner.index.mark_pass(primary, until);
         inner.drop_objects(&dropped);
     }
+    cold_range_end(inner, fill, key)
+}
+
+/// The end of `cold_range_pass`, memo or not.
+fn cold_range_end(inner: &Arc<Inner>, fill: &Arc<Fill>, key: SliceKey) -> FillEnd {
     inner.metrics.uncacheable.inc();
     // Out of the in-flight map before the waiters learn the answer (see the uncacheable
     // answers in `fetch`); the partial answer is for a `Range` the client may not have sent.
@@ -495,13 +520,9 @@ struct WholeBody<'a> {
     bound: u64,
     /// Whether complete slices are still stored as the object's: false once the answer has
     /// passed `bound` (then they are relayed to the readers following, and kept in the memory
-    /// tier only for the last `RELAY_WINDOW` slices, for readers a little behind).
+    /// tier only, evictable like any slice, for readers behind the origin).
     storing: bool,
 }
-
-/// Slices of an answer past the object bound kept in the memory tier behind the one being read:
-/// a reader that far behind the origin still finds the slice it moves on to.
-const RELAY_WINDOW: u64 = 4;
 
 impl WholeBody<'_> {
     async fn run(&mut self, mut body: Body) -> FillEnd {
@@ -672,7 +693,7 @@ impl WholeBody<'_> {
             .saturating_mul(self.inner.slice_bytes)
             .saturating_add(slice.len);
         if self.storing && stored > self.bound {
-            self.stop_storing(index);
+            self.stop_storing();
         }
         if !self.storing {
             self.relay(index, slice, current, end);
@@ -689,34 +710,35 @@ impl WholeBody<'_> {
     }
 
     /// The answer has passed the object bound (`max_object_bytes`; a chunked live stream never
-    /// ends): stored on, it would churn all of both tiers, and a later joiner replaying from
-    /// slice 0 would break once that was evicted. The object is forgotten (index, disk, and the
-    /// memory tier up to the relay window), its URL marked to pass for `hit_for_pass_secs` so
-    /// later requests go to the origin on their own, and its cold key leaves the in-flight map
-    /// (no new request joins this fill). Readers already following go on (`relay`).
-    fn stop_storing(&mut self, index: u64) {
+    /// ends, a `Content-Length` one past it is passed at its head): stored on, it would churn
+    /// the disk tier, and a later joiner replaying from slice 0 would break once that was
+    /// evicted. The object leaves the index and the disk tier, its URL is marked to pass for
+    /// `hit_for_pass_secs` so later requests go to the origin on their own, and its cold key
+    /// leaves the in-flight map (no new request joins this fill). Its slices stay in the memory
+    /// tier, as those `relay` adds: the readers already following go on through them at their
+    /// own pace (a window of a few slices was gone under any reader slower than the origin,
+    /// who then fetched the answer again, or got a truncated one), and they age out of it
+    /// under a generation nothing asks for again.
+    fn stop_storing(&mut self) {
         self.storing = false;
         let inner = self.inner;
         inner.metrics.uncacheable.inc();
         inner
             .index
             .remove_object(&self.meta.primary, self.meta.id, self.meta.generation);
-        inner.drop_objects(std::slice::from_ref(&self.meta));
+        // Not `drop_objects`: it takes the memory copies of the slices on disk too.
+        if let Some(disk) = &inner.disk {
+            disk.remove_object(self.meta.id, self.meta.generation);
+        }
         let until = tokio::time::Instant::now().into_std()
             + Duration::from_secs(inner.config.hit_for_pass_secs);
         let dropped = inner.index.mark_pass(&self.meta.primary, until);
         inner.drop_objects(&dropped);
-        // Its slices in memory (a length still unknown, `drop_objects` leaves them), but for
-        // the window kept for the readers following.
-        for i in 0..index.saturating_sub(RELAY_WINDOW - 1) {
-            inner.memory.remove(&self.key(i));
-        }
         inner.release(self.cold, &self.own);
     }
 
     /// A complete slice past the object bound: to the memory tier only, for the readers
-    /// following (who move on to it from the fill they read), and the slice `RELAY_WINDOW`
-    /// behind leaves it; never to disk, never indexed.
+    /// following (who move on to it from the fill they read); never to disk, never indexed.
     fn relay(&mut self, index: u64, slice: Slice, current: &Option<Arc<Fill>>, end: FillEnd) {
         let slice = slice.compacted();
         if let (Some(f), Some(whole)) = (current, slice.chunks.first()) {
@@ -726,9 +748,6 @@ impl WholeBody<'_> {
         // As without a disk tier: the slice is in the memory tier, its transit bytes are free.
         self.bytes = None;
         self.inner.budget.sample();
-        if let Some(old) = index.checked_sub(RELAY_WINDOW) {
-            self.inner.memory.remove(&self.key(old));
-        }
         self.close(index, current, end);
     }
 

@@ -363,6 +363,10 @@ fn media_policy(defaults: &PolicyConfig, ttl_secs: u64) -> FreshnessPolicy {
     p.heuristic_max = ttl;
     // Only sluice's own directives (a live MPD's `max-age`) reach the cache: honour them.
     p.request_directives = sluice_http::freshness::RequestDirectives::Honor;
+    // No origin's `Set-Cookie` reaches a media client: refusing a shared answer for it keeps
+    // nothing from anyone, and leaves every viewer of a `public` segment behind a load
+    // balancer's cookie to the origin (the rule before reverse routes refused them all).
+    p.store_shared_set_cookie = true;
     p
 }
 
@@ -645,6 +649,37 @@ mod tests {
             "234"
         );
         assert_eq!(exact_range(None, false, body.clone()), body);
+    }
+
+    /// Finding: with reverse routes' rule (every answer with `Set-Cookie` passed), a `public`
+    /// segment behind a load balancer's cookie (AWSALB) was never stored, so each viewer
+    /// fetched it and prefetch stopped; media clients never get an origin's `Set-Cookie`.
+    #[test]
+    fn a_shared_segment_with_set_cookie_is_stored_for_media() {
+        let p = media_policy(&PolicyConfig::default(), 60);
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("public, max-age=6"),
+        );
+        h.insert(header::SET_COOKIE, HeaderValue::from_static("AWSALB=x"));
+        let store = |h: &HeaderMap| {
+            sluice_http::freshness::storability(
+                &Method::GET,
+                &HeaderMap::new(),
+                StatusCode::OK,
+                h,
+                std::time::SystemTime::now(),
+                &p,
+            )
+        };
+        assert_eq!(store(&h).map(|f| f.lifetime), Ok(6));
+        // Not marked shared: refused, as ever.
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("max-age=6"));
+        assert_eq!(
+            store(&h).map(|f| f.lifetime),
+            Err(sluice_http::freshness::NotStorable::SetCookie)
+        );
     }
 
     #[test]
