@@ -1551,3 +1551,166 @@ async fn a_tiny_mpd_of_many_segments_is_built_off_the_runtime() {
         "the runtime stalled {worst:?} of {took:?}"
     );
 }
+
+// === credentials ===
+
+/// Every sluice URL in a rewritten MPD (`media`, `initialization`, `BaseURL`...), unescaped, with
+/// the template's `$Number$` made segment 1.
+fn mpd_links(s: &Sluice, mpd: &str) -> Vec<String> {
+    let prefix = s.url("/");
+    let mut out = Vec::new();
+    let mut rest = mpd;
+    while let Some(at) = rest.find(&prefix) {
+        let tail = &rest[at..];
+        let end = tail.find(['"', '<']).unwrap_or(tail.len());
+        out.push(tail[..end].replace("&amp;", "&").replace("$Number$", "1"));
+        rest = &tail[end..];
+    }
+    out
+}
+
+/// An MPD on origin A whose tracks are on origin B (a BaseURL, an absolute SegmentTemplate, a
+/// SegmentBase file whose `sidx` sluice fetches itself): the viewer's `h_authorization` and
+/// `h_cookie` reach A and never B, through HLS playlists, DASH out, inits, segments, the sidx
+/// and fetches ahead; B still gets every other `h_*`.
+#[tokio::test]
+async fn a_viewers_credentials_never_reach_another_origin_the_mpd_names() {
+    let (a, b) = (FileOrigin::start().await, FileOrigin::start().await);
+    // SegmentBase: the video file (and its sidx) on B, the audio on A.
+    put_segment_base(&a);
+    put_segment_base(&b);
+    let mpd = std::fs::read_to_string(a.root.path().join("base/manifest.mpd")).unwrap();
+    let video_on_b = format!("<BaseURL>{}</BaseURL>", b.url("base/video.mp4"));
+    let split = mpd.replace("<BaseURL>video.mp4</BaseURL>", &video_on_b);
+    assert_ne!(split, mpd);
+    a.put("base/split.mpd", split.as_bytes());
+    // SegmentTemplate: every segment on B by a Period BaseURL, or by an absolute template under
+    // a BaseURL on A.
+    for o in [&a, &b] {
+        put_clear_series(o, 3);
+        o.put("series/init.mp4", b"init");
+    }
+    let series = std::fs::read_to_string(a.root.path().join("series/manifest.mpd")).unwrap();
+    let far = series.replace(
+        "<Period>",
+        &format!("<Period><BaseURL>{}</BaseURL>", b.url("series/")),
+    );
+    let absolute = series
+        .replace(
+            "media=\"seg-$Number$.m4s\"",
+            &format!("media=\"{}seg-$Number$.m4s\"", b.url("series/")),
+        )
+        .replace("initialization=\"init.mp4\"", "");
+    assert!(far != series && absolute != series);
+    a.put("series/far.mpd", far.as_bytes());
+    a.put("series/absolute.mpd", absolute.as_bytes());
+
+    let s = Sluice::start(test_config()).await;
+    let creds = "h_authorization=Bearer%20X&h_Cookie=session%3D1&h_referer=r";
+    let mut fetched = 0;
+    for (mpd, keys) in [
+        ("base/split.mpd", hex_keys()),
+        ("series/far.mpd", String::new()),
+        ("series/absolute.mpd", String::new()),
+    ] {
+        let query = format!("d={}&{keys}&{creds}", enc(&a.url(mpd)));
+        // HLS: the master, its media playlists, their maps and segments.
+        let master = s.url(&format!("/proxy/mpd/manifest.m3u8?{query}"));
+        for playlist in media_playlists(&master).await {
+            for uri in uris(&playlist) {
+                bytes(&uri).await;
+                fetched += 1;
+            }
+        }
+        // DASH out: the rewritten MPD and every init and segment it links.
+        let out = text(&s.url(&format!("/proxy/mpd/manifest.mpd?{query}"))).await;
+        for link in mpd_links(&s, &out) {
+            bytes(&link).await;
+            fetched += 1;
+        }
+    }
+    assert!(fetched >= 12, "{fetched} links");
+    // Fetches ahead have had their turn.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for path in [
+        "base/video.mp4",
+        "series/init.mp4",
+        "series/seg-1.m4s",
+        "series/seg-2.m4s",
+    ] {
+        assert!(!b.hits(path).is_empty(), "B never served {path}");
+    }
+    let b_hits = b.log.lock().unwrap().clone();
+    for hit in &b_hits {
+        let (auth, cookie) = (hit.headers.get("authorization"), hit.headers.get("cookie"));
+        assert!(
+            auth.is_none() && cookie.is_none(),
+            "B got the viewer's credentials for {} {:?}: {auth:?} {cookie:?}",
+            hit.path,
+            hit.range
+        );
+        assert_eq!(
+            hit.headers.get("referer").map(|v| v.as_bytes()),
+            Some(&b"r"[..]),
+            "{}",
+            hit.path
+        );
+    }
+    // A's MPDs and audio track still get them.
+    for path in [
+        "base/split.mpd",
+        "series/far.mpd",
+        "series/absolute.mpd",
+        "base/audio.mp4",
+    ] {
+        let hits = a.hits(path);
+        assert!(!hits.is_empty(), "A never served {path}");
+        for hit in hits {
+            assert_eq!(
+                hit.headers.get("authorization").map(|v| v.as_bytes()),
+                Some(&b"Bearer X"[..]),
+                "{path}"
+            );
+            assert_eq!(
+                hit.headers.get("cookie").map(|v| v.as_bytes()),
+                Some(&b"session=1"[..]),
+                "{path}"
+            );
+        }
+    }
+}
+
+/// A track whose segments are all on another origin than the MPD is registered for the headers
+/// its links carry (without the viewer's credentials), so its segments still fetch ahead.
+#[tokio::test]
+async fn a_track_on_another_origin_still_fetches_ahead() {
+    let (a, b) = (FileOrigin::start().await, FileOrigin::start().await);
+    put_clear_series(&b, 4);
+    let series = std::fs::read_to_string(b.root.path().join("series/manifest.mpd")).unwrap();
+    let far = series.replace(
+        "<Period>",
+        &format!("<Period><BaseURL>{}</BaseURL>", b.url("series/")),
+    );
+    a.put("far.mpd", far.as_bytes());
+    let s = Sluice::start(test_config()).await;
+    let playlist = text(&s.url(&format!(
+        "/proxy/mpd/playlist.m3u8?d={}&profile_id=1_v_1000&h_authorization=Bearer%20X",
+        enc(&a.url("far.mpd"))
+    )))
+    .await;
+    let segments: Vec<String> = uris(&playlist)
+        .into_iter()
+        .filter(|u| u.contains("segment.mp4"))
+        .collect();
+    assert_eq!(segments.len(), 4);
+    assert_eq!(bytes(&segments[0]).await, "segment 1");
+    for _ in 0..100 {
+        if !b.hits("series/seg-2.m4s").is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let hits = b.hits("series/seg-2.m4s");
+    assert_eq!(hits.len(), 1, "segment 2 fetched ahead once");
+    assert!(hits[0].headers.get("authorization").is_none());
+}

@@ -13,7 +13,7 @@ use sluice_media::dash::{
     MediaOptions, MediaUrl, Mpd, SidxFetch, SidxFragment,
 };
 use sluice_media::query::ProxyParams;
-use url::Url;
+use url::{Origin, Url};
 
 use super::{bad_request, respond, upstream_headers, Dash};
 use crate::body::Body;
@@ -72,13 +72,19 @@ pub async fn media(
     let ts = proxy::remux_to_ts(&ctx.query, dash.settings.remux_to_ts);
     options.no_map = ts;
     let track = format!("dash {} {profile}", params.destination);
+    let carried = links::carried(&ctx.query, |k| !proxy::carried(k));
     let mut job = PlaylistJob {
         mpd,
         profile,
         options,
         sequence: LiveSequence::default(),
         links: links.clone(),
-        carried: links::carried(&ctx.query, |k| !proxy::carried(k)),
+        // A viewer's credentials are for the origin of the `d` they came with (as HLS children's,
+        // `hls::RewriteJob`): segments and inits on any other (a BaseURL elsewhere, where the
+        // MPD redirected) get the rest of the headers.
+        origin: params.destination.origin(),
+        foreign: links::without_credentials(&carried),
+        carried,
         ts,
     };
     for _ in 0..=MAX_SIDX_FETCHES {
@@ -100,14 +106,19 @@ pub async fn media(
                 // Kept or not, this answer is served: its numbers follow the state it began from.
                 dash.sequences.keep(&track, &seen, sequence);
                 // For the upstream headers its segment links carry (`h_range` too), as HLS
-                // registers: only this viewer's segment requests find it.
+                // registers: only this viewer's segment requests find it. When every segment is
+                // on another origin than `d`, those links carry no credentials.
+                let mut headers = headers.clone();
+                if parts.iter().all(|p| p.url.origin() != job.origin) {
+                    links::strip_credentials(&mut headers);
+                }
                 dash.prefetcher
                     .register_playlist_for(&track, &headers, parts);
                 return respond(text, PLAYLIST_TYPE, &params);
             }
             Err(DashError::SidxMissing { url, range }) => {
                 let url = Url::parse(&url).map_err(bad_mpd)?;
-                let fragments = load_sidx(dash, &url, range, &headers).await?;
+                let fragments = load_sidx(dash, &url, range, &headers, &job.origin).await?;
                 job.options.sidx.insert(SidxFetch { url, range }, fragments);
             }
             Err(DashError::UnknownProfile(p)) => {
@@ -131,7 +142,11 @@ struct PlaylistJob {
     options: MediaOptions,
     sequence: LiveSequence,
     links: Links,
+    /// The origin of the request's `d`: children elsewhere get `foreign`, not `carried`.
+    origin: Origin,
     carried: Vec<(String, String)>,
+    /// `carried` without the viewer's credentials.
+    foreign: Vec<(String, String)>,
     /// Segments are remuxed to MPEG-TS (their URLs name the init; no map).
     ts: bool,
 }
@@ -141,7 +156,8 @@ impl PlaylistJob {
     fn run(mut self) -> (Self, Result<(String, Vec<Part>), DashError>) {
         let mut parts = Vec::new();
         let (live, ts) = (self.mpd.is_live(), self.ts);
-        let (carried, links) = (&self.carried, &self.links);
+        let (links, origin) = (&self.links, &self.origin);
+        let (carried, foreign) = (&self.carried, &self.foreign);
         let made = to_hls_media_live(
             &self.mpd,
             &self.profile,
@@ -154,6 +170,11 @@ impl PlaylistJob {
                         range: segment.byte_range,
                     });
                 }
+                let carried = if media_is_home(&target, origin) {
+                    carried
+                } else {
+                    foreign
+                };
                 let (endpoint, mut p) = if ts {
                     proxy::ts_media_params(target, live)
                 } else {
@@ -244,13 +265,36 @@ fn parse_text(bytes: &[u8], url: &Url) -> Result<Mpd, ProxyError> {
     parse_mpd(text, url).map_err(bad_mpd)
 }
 
-/// The fragments listed by the `sidx` in `range` of `url` (bytes cached).
+/// Whether every upstream URL a playlist's (or DASH out MPD's) init or segment link names is on
+/// `origin`, the request's `d`'s: only then does the link carry the viewer's credentials.
+pub(super) fn media_is_home(target: &MediaUrl<'_>, origin: &Origin) -> bool {
+    match target {
+        MediaUrl::Init { init, .. } => init.url.origin() == *origin,
+        MediaUrl::Segment { init, segment, .. } => {
+            segment.url.origin() == *origin && init.is_none_or(|i| i.url.origin() == *origin)
+        }
+    }
+}
+
+/// The fragments listed by the `sidx` in `range` of `url` (bytes cached). `headers` are the
+/// viewer's for the request's `d`, whose origin is `home`: a `sidx` the MPD names on another
+/// origin is fetched without the viewer's credentials.
 pub(super) async fn load_sidx(
     dash: &Dash,
     url: &Url,
     range: ByteRange,
     headers: &HeaderMap,
+    home: &Origin,
 ) -> Result<Vec<SidxFragment>, ProxyError> {
+    let stripped;
+    let headers = if url.origin() == *home {
+        headers
+    } else {
+        let mut h = headers.clone();
+        links::strip_credentials(&mut h);
+        stripped = h;
+        &stripped
+    };
     let part = Part {
         url: url.clone(),
         range: Some(range),

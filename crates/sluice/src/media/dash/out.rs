@@ -13,9 +13,9 @@ use sluice_media::dash::out::{
 use sluice_media::dash::proxy::{self, media_params};
 use sluice_media::dash::{DashError, Mpd, SidxFetch};
 use sluice_media::query::{ProxyParams, Query};
-use url::Url;
+use url::{Origin, Url};
 
-use super::manifest::{bad_mpd, load_mpd_text, load_sidx, unix_now};
+use super::manifest::{bad_mpd, load_mpd_text, load_sidx, media_is_home, unix_now};
 use super::{bad_request, respond, segment, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::ProxyError;
@@ -39,6 +39,7 @@ pub async fn manifest(
     let headers = upstream_headers(&params)?;
     let (mpd, text) = load_mpd_text(dash, &params.destination, &headers).await?;
     let large = text.len() > super::manifest::BLOCKING_PARSE_BYTES;
+    let carried = links::carried(&ctx.query, |k| !proxy::carried(k));
     // Keys: sluice decrypts, so players must not see protection. No keys: the content passes
     // through as the origin serves it, protection signalling and all, for a player with its
     // own licence.
@@ -51,7 +52,11 @@ pub async fn manifest(
         },
         mpd,
         links: links.clone(),
-        carried: links::carried(&ctx.query, |k| !proxy::carried(k)),
+        // The viewer's credentials go only to the origin of their `d`, as for HLS children
+        // (`hls::RewriteJob`): inits and segments on any other get the rest of the headers.
+        origin: params.destination.origin(),
+        foreign: links::without_credentials(&carried),
+        carried,
     };
     for _ in 0..=MAX_SIDX_FETCHES {
         let (back, made) = if large {
@@ -69,7 +74,7 @@ pub async fn manifest(
             Ok(out) => return respond(out, MPD_TYPE, &params),
             Err(DashError::SidxMissing { url, range }) => {
                 let url = Url::parse(&url).map_err(bad_mpd)?;
-                let fragments = load_sidx(dash, &url, range, &headers).await?;
+                let fragments = load_sidx(dash, &url, range, &headers, &job.origin).await?;
                 job.options.sidx.insert(SidxFetch { url, range }, fragments);
             }
             Err(e) => return Err(bad_mpd(e)),
@@ -86,7 +91,11 @@ struct RewriteJob {
     mpd: Arc<Mpd>,
     options: OutOptions,
     links: Links,
+    /// The origin of the request's `d`: children elsewhere get `foreign`, not `carried`.
+    origin: Origin,
     carried: Vec<(String, String)>,
+    /// `carried` without the viewer's credentials.
+    foreign: Vec<(String, String)>,
 }
 
 impl RewriteJob {
@@ -102,8 +111,20 @@ impl RewriteJob {
     /// `text` (the MPD's) rewritten, every init and segment URL made to come back through sluice.
     fn rewrite(&self, text: &str) -> Result<String, DashError> {
         let live = self.mpd.is_live();
-        let (carried, links) = (&self.carried, &self.links);
+        let (links, origin) = (&self.links, &self.origin);
+        let (carried, foreign) = (&self.carried, &self.foreign);
         rewrite_mpd(text, &self.mpd, &self.options, |target| {
+            // A templated segment also checks, when served, that the template keeps it on the
+            // BaseURL's origin (`template_segment`).
+            let home = match &target {
+                OutUrl::Template { rep, init, .. } => {
+                    rep.base_url.origin() == *origin
+                        && init.is_none_or(|i| i.url.origin() == *origin)
+                }
+                OutUrl::Media(m) => media_is_home(m, origin),
+                OutUrl::File { url, .. } => url.origin() == *origin,
+            };
+            let carried = if home { carried } else { foreign };
             let (endpoint, mut p) = match target {
                 OutUrl::Template {
                     rep,
@@ -140,6 +161,11 @@ pub async fn template_segment(
     let url = template_segment_url(rest, &ctx.query).map_err(|e| {
         ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
     })?;
+    // The MPD's rewrite gave this link the viewer's credentials only for a BaseURL on their
+    // `d`'s origin; a template that leads elsewhere (an absolute `media`, a host made of
+    // `$Number$`) sends them no further than a redirect would.
+    let base = ctx.query.get("seg_base").and_then(|b| Url::parse(b).ok());
+    let foreign = base.is_none_or(|b| b.origin() != url.origin());
     let mut pairs: Vec<(String, String)> = ctx
         .query
         .pairs()
@@ -150,6 +176,7 @@ pub async fn template_segment(
                 "seg_base" | "seg_template" | "rep_id" | "bandwidth"
             )
         })
+        .filter(|(k, _)| !(foreign && links::is_credential_param(k)))
         .cloned()
         .collect();
     pairs.push(("segment_url".to_owned(), url.to_string()));
