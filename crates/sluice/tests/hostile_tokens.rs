@@ -104,6 +104,16 @@ async fn sluice(accept_mediaflow: bool) -> Sluice {
     Sluice::start(config).await
 }
 
+/// [`sluice`] behind a trusted front proxy on this host, whose clients [`observe_from`] plays.
+async fn fronted(accept_mediaflow: bool) -> Sluice {
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.auth.accept_mediaflow_tokens = accept_mediaflow;
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    config.media.prebuffer_segments = 0;
+    Sluice::start(config).await
+}
+
 /// Everything a client can observe about a refusal except the `date` header.
 #[derive(Debug, PartialEq, Eq)]
 struct Observed {
@@ -113,7 +123,19 @@ struct Observed {
 }
 
 async fn observe(url: &str) -> Observed {
-    let r = get(url).await;
+    observe_as(url, &[]).await
+}
+
+/// [`observe`] for the `n`th of many clients behind a trusted front proxy, each its own network:
+/// a forged token is a guess at the password, and one network's 21st a minute is the 429
+/// (`a_forged_token_is_a_guess_at_the_password_and_counted`), not the refusal judged here.
+async fn observe_from(n: usize, url: &str) -> Observed {
+    let client = std::net::Ipv4Addr::from(0x0a00_0000 + n as u32).to_string();
+    observe_as(url, &[("x-forwarded-for", client.as_str())]).await
+}
+
+async fn observe_as(url: &str, headers: &[(&str, &str)]) -> Observed {
+    let r = request("GET", url, headers).await;
     let mut headers: Vec<(String, Vec<u8>)> = r
         .headers
         .iter()
@@ -168,7 +190,7 @@ fn now() -> u64 {
 #[tokio::test]
 async fn a_bit_flip_at_any_byte_of_a_minted_token_gets_the_same_refusal() {
     let origin = HlsOrigin::start().await;
-    let s = sluice(true).await;
+    let s = fronted(true).await;
     let want = reference(&s).await;
     let url = child_segment_url(&s, &origin).await;
     let (base, token, path) = split_token(&url);
@@ -185,17 +207,20 @@ async fn a_bit_flip_at_any_byte_of_a_minted_token_gets_the_same_refusal() {
         let mut flipped = raw.clone();
         flipped[i] ^= 1 << (i % 8);
         let forged = format!("s1.{}", URL_SAFE_NO_PAD.encode(&flipped));
-        let got = observe(&format!("{base}/_token_{forged}/{path}")).await;
+        let got = observe_from(i, &format!("{base}/_token_{forged}/{path}")).await;
         assert_eq!(got, want, "flip at byte {i}");
     }
     // Truncated, extended and re-versioned tokens too.
-    for forged in [
+    for (i, forged) in [
         token[..token.len() - 1].to_string(),
         format!("{token}A"),
         token.replacen("s1.", "s2.", 1),
         "s1.".to_string(),
-    ] {
-        let got = observe(&format!("{base}/_token_{forged}/{path}")).await;
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let got = observe_from(raw.len() + i, &format!("{base}/_token_{forged}/{path}")).await;
         assert_eq!(got, want, "{forged}");
     }
     assert_eq!(
@@ -208,7 +233,7 @@ async fn a_bit_flip_at_any_byte_of_a_minted_token_gets_the_same_refusal() {
 #[tokio::test]
 async fn a_padding_oracle_attack_on_a_mediaflow_token_learns_nothing() {
     let origin = Origin::start().await;
-    let s = sluice(true).await;
+    let s = fronted(true).await;
     let want = reference(&s).await;
     // A token as /generate_url (and MediaFlow's own generator) makes it: password inside.
     let params = vec![
@@ -232,7 +257,7 @@ async fn a_padding_oracle_attack_on_a_mediaflow_token_learns_nothing() {
         forged[at] = guess;
         let t = URL_SAFE_NO_PAD.encode(&forged);
         assert_eq!(
-            observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await,
+            observe_from(guess.into(), &s.url(&format!("/_token_{t}/proxy/stream"))).await,
             want,
             "guess {guess}"
         );
@@ -241,14 +266,21 @@ async fn a_padding_oracle_attack_on_a_mediaflow_token_learns_nothing() {
     // chosen plaintext with the wrong key fare no better.
     let t = URL_SAFE_NO_PAD.encode(&raw[raw.len() - 32..]);
     assert_eq!(
-        observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await,
+        observe_from(256, &s.url(&format!("/_token_{t}/proxy/stream"))).await,
         want
     );
     let t = TokenKey::new("guess").encrypt(&params, None, None, [1; 16]);
     assert_eq!(
-        observe(&s.url(&format!("/_token_{t}/proxy/stream"))).await,
+        observe_from(257, &s.url(&format!("/_token_{t}/proxy/stream"))).await,
         want
     );
+    // From one network, the attack stops at its 20th wrong guess: a forged token is one.
+    let t = URL_SAFE_NO_PAD.encode(&raw[raw.len() - 32..]);
+    let url = s.url(&format!("/_token_{t}/proxy/stream"));
+    for i in 0..21 {
+        let got = observe_from(258, &url).await.status;
+        assert_eq!(got, if i < 20 { 401 } else { 429 }, "guess {}", i + 1);
+    }
 }
 
 #[tokio::test]
@@ -999,4 +1031,168 @@ async fn password_guessing_is_limited_per_client_network() {
     let text = String::from_utf8(metrics.body.unwrap().to_vec()).unwrap();
     assert!(text.contains("sluice_auth_failures_total 40"), "{text}");
     assert!(text.contains("sluice_auth_limited_total 14"), "{text}");
+}
+
+/// A token is a credential as the password is, and a forged one a guess at it: a MediaFlow token
+/// (whose key is the password padded, no MAC) made under a guess and carrying it opens only when
+/// the guess is right, as does a sealed token under the legacy key (a cheap HKDF of the bare
+/// password), in the path, the query or an XC username. Each forgery is booked against the same
+/// limit as a wrong password: the 21st from one network is the 429, and so is a valid token from
+/// it then, while another network's valid token plays. Without it every forgery was the one 401,
+/// uncounted: one free guess per request.
+#[tokio::test]
+async fn a_forged_token_is_a_guess_at_the_password_and_counted() {
+    let origin = Origin::start().await;
+    let s = guarded().await;
+    let d = ("d".to_string(), origin.url("/small"));
+    let mediaflow = |pw: &str| {
+        let claims = [d.clone(), ("api_password".to_string(), pw.to_string())];
+        TokenKey::new(pw).encrypt(&claims, None, None, [5; 16])
+    };
+    let valid = mediaflow(PW);
+    let (guesser, other) = ("203.0.113.7", "203.0.113.8");
+    for i in 0..25 {
+        let forged = mediaflow(&format!("guess-{i}"));
+        let url = match i % 2 {
+            0 => s.url(&format!("/proxy/stream?token={forged}")),
+            _ => s.url(&format!("/_token_{forged}/proxy/stream")),
+        };
+        let (status, retry) = from(guesser, "GET", &url, &[], "").await;
+        if i < 20 {
+            assert_eq!((status, retry), (401, None), "guess {}", i + 1);
+        } else {
+            assert_eq!(status, 429, "guess {}", i + 1);
+            let retry: u64 = retry.unwrap().parse().unwrap();
+            assert!((1..=60).contains(&retry), "{retry}");
+        }
+    }
+    // The right token from the guesser's network: refused too, so the limit proves nothing.
+    for url in [
+        s.url(&format!("/proxy/stream?token={valid}")),
+        s.url(&format!("/_token_{valid}/proxy/stream")),
+    ] {
+        assert_eq!(from(guesser, "GET", &url, &[], "").await.0, 429, "{url}");
+        assert_eq!(from(other, "GET", &url, &[], "").await.0, 200, "{url}");
+    }
+
+    // Sealed tokens under the legacy key of a guess, in the path and as an XC username.
+    let grant = Grant {
+        params: vec![("d".into(), origin.url("/small"))],
+        scope: vec!["/proxy/stream".into()],
+        exp: None,
+        ip: None,
+    };
+    for (network, xc) in [("198.51.100.7", false), ("198.51.100.8", true)] {
+        for i in 0..21 {
+            let guess = format!("guess-{i}");
+            let url = if xc {
+                let user = SealedKey::legacy(&guess).seal(&grant, [9; 24]);
+                s.url(&format!("/player_api.php?username={user}&password=x"))
+            } else {
+                let token = SealedKey::legacy(&guess).seal(&grant, [9; 24]);
+                s.url(&format!("/_token_{token}/proxy/stream"))
+            };
+            let want = match (i < 20, xc) {
+                (true, false) => 401,
+                (true, true) => 403,
+                (false, _) => 429,
+            };
+            let (status, _) = from(network, "GET", &url, &[], "").await;
+            assert_eq!(status, want, "xc {xc}, guess {}", i + 1);
+        }
+        let url = s.url(&format!("/_token_{valid}/proxy/stream"));
+        assert_eq!(from(network, "GET", &url, &[], "").await.0, 429);
+    }
+
+    // Refusals that test no password are not guesses: an expired token of the right password,
+    // and garbage, stay the one 401 however many times.
+    let expired = TokenKey::new(PW).encrypt(
+        &[d.clone(), ("api_password".to_string(), PW.to_string())],
+        Some(now() - 5),
+        None,
+        [5; 16],
+    );
+    let honest = "192.0.2.44";
+    for i in 0..25 {
+        let url = match i % 2 {
+            0 => s.url(&format!("/_token_{expired}/proxy/stream")),
+            _ => s.url("/_token_garbage/proxy/stream"),
+        };
+        assert_eq!(from(honest, "GET", &url, &[], "").await.0, 401, "{i}");
+    }
+    let url = s.url(&format!("/_token_{valid}/proxy/stream"));
+    assert_eq!(from(honest, "GET", &url, &[], "").await.0, 200);
+}
+
+/// `/generate_url` and `/generate_urls` mint links for another MediaFlow server with that
+/// server's password (docs/media.md): with `mediaflow_proxy_url` naming another host or port,
+/// the password is not compared with this server's, so it is no guess and never limited, and
+/// the answer is MediaFlow's format under it. Without the check each was a wrong password: the
+/// 21st request from one network was a 429, and the network was locked out of everything.
+#[tokio::test]
+async fn minting_links_for_another_mediaflow_server_is_no_guess() {
+    let s = guarded().await;
+    let json = [("content-type", "application/json")];
+    let client = "198.51.100.20";
+    let this_port = s.addr.port();
+    let others = [
+        "https://other.example".to_string(),
+        format!("http://other.example:{this_port}"),
+        // This server's host on another port.
+        format!("http://127.0.0.1:{}", this_port.wrapping_add(1).max(1)),
+    ];
+    for i in 0..25 {
+        let base = &others[i % others.len()];
+        let body = serde_json::json!({
+            "mediaflow_proxy_url": base,
+            "endpoint": "/proxy/stream",
+            "destination_url": "http://origin.invalid/v.mp4",
+            "api_password": "other-server-pw",
+        })
+        .to_string();
+        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .build_http::<Full<Bytes>>();
+        let req = http::Request::post(s.url("/generate_url"))
+            .header("x-forwarded-for", client)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let resp = http.request(req).await.unwrap();
+        assert_eq!(resp.status(), 200, "request {} for {base}", i + 1);
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let url = answer["url"].as_str().unwrap();
+        let (got_base, rest) = url.split_once("/_token_").unwrap();
+        assert_eq!(got_base, base.as_str());
+        let (token, path) = rest.split_once('/').unwrap();
+        assert_eq!(path, "proxy/stream");
+        // MediaFlow's token for that server, as MediaFlow writes it: the password inside.
+        let claims = sluice_media::token::decrypt_token(token, "other-server-pw").unwrap();
+        assert_eq!(claims.param("api_password"), Some("other-server-pw"));
+    }
+    for i in 0..5 {
+        let body = serde_json::json!({
+            "mediaflow_proxy_url": "https://other.example",
+            "api_password": "other-server-pw",
+            "urls": [{"endpoint": "/proxy/stream", "destination_url": "http://o.invalid/v.mp4"}],
+        })
+        .to_string();
+        let (status, _) = from(client, "POST", &s.url("/generate_urls"), &json, &body).await;
+        assert_eq!(status, 200, "generate_urls {}", i + 1);
+    }
+    // Not limited: the right password from that network is served.
+    let url = s.url(&format!("/metrics?api_password={PW}"));
+    assert_eq!(from(client, "GET", &url, &[], "").await.0, 200);
+    // This server named (its `Host`), a wrong password is still a guess.
+    for i in 0..20 {
+        let body = generate_body(&s, &format!("guess-{i}"));
+        let (status, _) = from(client, "POST", &s.url("/generate_url"), &json, &body).await;
+        assert_eq!(status, 200, "guess {}", i + 1);
+    }
+    let body = generate_body(&s, "guess-20");
+    let (status, _) = from(client, "POST", &s.url("/generate_url"), &json, &body).await;
+    assert_eq!(status, 429);
 }

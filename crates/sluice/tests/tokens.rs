@@ -394,11 +394,13 @@ async fn generate_urls_refuses_answers_out_of_proportion_to_the_request() {
             "http://proxy.example:8888"]})
     );
     let item = serde_json::json!({"endpoint": "/proxy/stream", "destination_url": "https://cdn.example/v.mp4"});
-    let request = serde_json::json!({"mediaflow_proxy_url": "http://p/a/long/base/path",
+    // This server's own URL (a long path below it): its password seals the links.
+    let request = serde_json::json!({"mediaflow_proxy_url": s.url("/a/long/base/path"),
         "api_password": "server-pw", "urls": vec![item; 1_000]});
     let (status, json) = post_json(&s.url("/generate_urls"), request.clone()).await;
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["urls"].as_array().unwrap().len(), 1_000);
+    assert!(json["urls"][0].as_str().unwrap().contains("s1."), "{}", json["urls"][0]);
     // The estimate the bound is checked against holds sluice's sealed answer too (each token
     // repeats the path it opens).
     let estimate =

@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 
 use crate::body::Incoming;
 use http::{Request, Response, StatusCode};
+use sluice_media::query::Query;
+use sluice_media::token::split_path_token;
 
 #[cfg(feature = "iptv")]
 use super::endpoints::is_channel_path;
@@ -162,12 +164,22 @@ impl App {
         peer: SocketAddr,
         secure: bool,
     ) -> Response<Body> {
+        // A token is a credential as a password is: a network past its wrong passwords gets the
+        // 429 before its token is opened, and a forged one (made under a guessed password) is
+        // booked as a wrong password.
+        let client_ip = self.keys.load().auth.client_ip(peer.ip(), req.headers());
+        if carries_token(&req) {
+            if let Err(limited) = self.token_limited(client_ip) {
+                return limited.into_response();
+            }
+        }
         // A MediaFlow token's claims, as opened: its in-flight share keys on them.
         #[cfg_attr(not(feature = "media"), allow(unused_variables))]
         let (ctx, claims) = match self.context(&req, peer, secure) {
             Ok(opened) => opened,
             Err(why) => {
                 tracing::debug!(reason = %why, "token refused");
+                self.charge_refused_token(client_ip, &why);
                 return token_refused();
             }
         };
@@ -302,6 +314,10 @@ impl App {
             p if crate::media::xtream::Xtream::serves(p) => match &self.media {
                 // XC players cannot add `api_password`: the credential rides in the username.
                 Some(media) => {
+                    // A sealed username is opened in the XC handler: under the limit too.
+                    let mut req = req;
+                    let attempt = self.guess_attempt(ctx.client_ip);
+                    req.extensions_mut().insert(attempt);
                     // Only a MediaFlow token (which carries the password) stands for it here: a
                     // sealed token is scoped to other paths (a playlist link's token opens
                     // `/playlist/playlist`, which the short form `/{user}/{pass}/{id}` also parses).
@@ -354,6 +370,17 @@ fn token_refused() -> Response<Body> {
         kind: "token",
     });
     resp
+}
+
+/// Whether `req` carries a token where [`App::context`] looks for one: a `/_token_` path prefix
+/// or a `token` query parameter.
+fn carries_token(req: &Request<Incoming>) -> bool {
+    let uri = req.uri();
+    split_path_token(uri.path()).is_some()
+        // Parsed as `context` parses it (`%74oken` is `token` too).
+        || uri
+            .query()
+            .is_some_and(|q| Query::parse(q).get("token").is_some())
 }
 
 /// Whether `req` came through a front proxy not listed in `auth.trusted_proxies`: the peer is

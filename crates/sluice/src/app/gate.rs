@@ -12,6 +12,7 @@ use super::routes;
 use super::App;
 #[cfg(feature = "media")]
 use crate::auth::guesses::Attempt;
+use crate::auth::token::TokenRefusal;
 use crate::auth::{browser, Auth};
 use crate::body::{self, Body};
 use crate::error::{ErrorMark, ProxyError};
@@ -101,6 +102,26 @@ impl App {
             .guesses
             .attempt(client, offered, |o| credentials.auth.check(o))
             .map_err(ProxyError::from)
+    }
+
+    /// The limit of [`App::password_ok`] for a request that carries a token, asked before the
+    /// token is opened: a network past its wrong passwords gets the 429 whatever its token is, a
+    /// valid one included (otherwise the answer would tell a right forged token from a wrong one).
+    pub(super) fn token_limited(&self, client: std::net::IpAddr) -> Result<(), ProxyError> {
+        if !self.keys.load().auth.required() {
+            return Ok(());
+        }
+        self.metrics.guesses.check(client).map_err(ProxyError::from)
+    }
+
+    /// Books a token refusal that tested a password (a forged token,
+    /// [`TokenRefusal::is_guess`]) to the client's network as a wrong password: a MediaFlow token
+    /// made under a guessed password, or a sealed one under its legacy key, tells a right guess
+    /// from a wrong one as surely as `api_password` does.
+    pub(super) fn charge_refused_token(&self, client: std::net::IpAddr, why: &TokenRefusal) {
+        if why.is_guess() && self.keys.load().auth.required() {
+            self.metrics.guesses.charge(client);
+        }
     }
 
     /// The way to [`App::password_ok`]'s limit for a handler that compares the password itself

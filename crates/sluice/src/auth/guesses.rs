@@ -4,7 +4,11 @@
 //! tell a right guess from a wrong one). A success does not clear a network's count: the window
 //! runs out on its own. Every place that compares the API password asks here first (the gate,
 //! the pages' Basic login, `/admin/reload`, `/playlist/link`, the XC paths and the URL
-//! generators, whose 200 tells a right password from a wrong one by the token's form).
+//! generators, whose 200 tells a right password from a wrong one by the token's form, when the
+//! URL is for this server). A token is a credential too: a request carrying one is checked here
+//! before it is opened ([`Guesses::check`]), and a token forged under a guessed password (a
+//! MediaFlow token, keyed by the password itself, or a sealed one under the legacy key) is
+//! charged as a wrong password ([`Guesses::charge`], `auth::token::TokenRefusal::is_guess`).
 //!
 //! A network is the client's address as `auth.trusted_proxies` make it out, an IPv6 one by its
 //! /64 ([`network_of`]); an IPv6 /48 (a site's allocation, free from tunnel brokers, with 65,536
@@ -193,37 +197,58 @@ impl Guesses {
         check: impl FnOnce(Option<&str>) -> bool,
         now: Instant,
     ) -> Result<bool, Limited> {
-        let keys = keys(client);
-        {
-            let table = self.lock();
-            let wait = keys
-                .iter()
-                .flatten()
-                .filter_map(|k| table.refused(*k, now))
-                .max();
-            if let Some(retry_after) = wait {
-                self.limited.inc();
-                return Err(Limited { retry_after });
-            }
-        }
+        self.check_at(client, now)?;
         if check(offered) {
             return Ok(true);
         }
         if offered.is_some() {
-            self.failures.inc();
-            let mut table = self.lock();
-            // Room for the windows this failure starts (none for a network already counting).
-            let room = keys
-                .iter()
-                .flatten()
-                .filter(|k| !table.live(**k, now))
-                .count();
-            table.trim(now, self.cap, room);
-            for key in keys.into_iter().flatten() {
-                table.charge(key, now);
-            }
+            self.charge_at(client, now);
         }
         Ok(false)
+    }
+
+    /// `Err` when `client`'s network (or /48) is past its wrong passwords for the window: for a
+    /// credential compared elsewhere (a token, opened by the token gate), asked before it is.
+    pub fn check(&self, client: IpAddr) -> Result<(), Limited> {
+        self.check_at(client, Instant::now())
+    }
+
+    /// Books one wrong guess to `client`'s network (and /48): a credential that failed to
+    /// authenticate where [`Guesses::attempt`] does not compare it (a forged token).
+    pub fn charge(&self, client: IpAddr) {
+        self.charge_at(client, Instant::now())
+    }
+
+    fn check_at(&self, client: IpAddr, now: Instant) -> Result<(), Limited> {
+        let table = self.lock();
+        let wait = keys(client)
+            .iter()
+            .flatten()
+            .filter_map(|k| table.refused(*k, now))
+            .max();
+        match wait {
+            Some(retry_after) => {
+                self.limited.inc();
+                Err(Limited { retry_after })
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn charge_at(&self, client: IpAddr, now: Instant) {
+        self.failures.inc();
+        let keys = keys(client);
+        let mut table = self.lock();
+        // Room for the windows this failure starts (none for a network already counting).
+        let room = keys
+            .iter()
+            .flatten()
+            .filter(|k| !table.live(**k, now))
+            .count();
+        table.trim(now, self.cap, room);
+        for key in keys.into_iter().flatten() {
+            table.charge(key, now);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -263,6 +288,16 @@ impl Attempt {
         check: impl FnOnce(Option<&str>) -> bool,
     ) -> Result<bool, Limited> {
         self.guesses.attempt(self.client, offered, check)
+    }
+
+    /// [`Guesses::check`] for this request's client.
+    pub fn check(&self) -> Result<(), Limited> {
+        self.guesses.check(self.client)
+    }
+
+    /// [`Guesses::charge`] for this request's client.
+    pub fn charge(&self) {
+        self.guesses.charge(self.client)
     }
 }
 
@@ -314,6 +349,23 @@ mod tests {
             assert_eq!(none, Ok(false));
         }
         assert_eq!(offer(&g, "203.0.113.9", "right", end), Ok(true));
+    }
+
+    /// A credential compared elsewhere (a token) is checked and charged against the same window.
+    #[test]
+    fn a_check_and_a_charge_share_the_window_with_passwords() {
+        let g = guesses(MAX_ENTRIES);
+        let now = Instant::now();
+        for _ in 0..MAX_FAILURES / 2 {
+            assert_eq!(g.check_at(ip("203.0.113.7"), now), Ok(()));
+            g.charge_at(ip("203.0.113.7"), now);
+            offer(&g, "203.0.113.7", "wrong", now).unwrap();
+        }
+        assert!(g.check_at(ip("203.0.113.7"), now).is_err());
+        assert!(offer(&g, "203.0.113.7", "right", now).is_err());
+        assert_eq!(g.check_at(ip("203.0.113.8"), now), Ok(()));
+        assert_eq!(g.failures.get(), u64::from(MAX_FAILURES));
+        assert_eq!(g.limited.get(), 2);
     }
 
     #[test]

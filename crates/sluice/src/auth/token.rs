@@ -102,6 +102,34 @@ pub enum TokenRefusal {
     UnnormalPath,
 }
 
+impl TokenRefusal {
+    /// Whether the refusal says the token was made under another password: a sealed token whose
+    /// tag does not verify (under the key or the legacy one, an HKDF of the bare password), or a
+    /// MediaFlow token that does not decrypt to JSON claims carrying this server's password (its
+    /// key is the password, padded, without a MAC). Each tested one guessed password, so it is
+    /// charged to the client's network as a wrong password is (`auth::guesses`). Not so a token
+    /// this server made or that proved the password (expired, bound to another address, used
+    /// outside its scope or overridden), nor one that tested no password (not base64, too short
+    /// or long, MediaFlow tokens off, no server password, a path that is not normal).
+    pub fn is_guess(&self) -> bool {
+        match self {
+            TokenRefusal::Sealed(e) => *e == SealedError::Authentication,
+            TokenRefusal::MediaFlow(e) => matches!(
+                e,
+                TokenError::Padding | TokenError::Json | TokenError::Claim(_)
+            ),
+            TokenRefusal::NoPassword => true,
+            TokenRefusal::MediaFlowOff
+            | TokenRefusal::NoKey
+            | TokenRefusal::Expired
+            | TokenRefusal::WrongAddress
+            | TokenRefusal::OutOfScope
+            | TokenRefusal::Override(_)
+            | TokenRefusal::UnnormalPath => false,
+        }
+    }
+}
+
 /// Opens and mints tokens for one server password.
 #[derive(Debug, Clone)]
 pub struct TokenGate {
@@ -637,6 +665,61 @@ mod tests {
             assert!(opens(path, scope), "{path} opens {scope}");
         }
         assert!(!opens("/proxy/stream", "/proxy/streamx"));
+    }
+
+    /// A forged token tested a password (charged as a wrong one); a refusal of a token this
+    /// server made, or of one that tested none, did not.
+    #[test]
+    fn only_a_token_made_under_another_password_is_a_guess() {
+        let g = gate(true);
+        let foreign = |pw: &str| {
+            let claims = pairs(&[("d", "x"), ("api_password", pw)]);
+            TokenKey::new(pw).encrypt(&claims, None, None, [2; 16])
+        };
+        let sealed_grant = Grant {
+            params: pairs(&[("d", "x")]),
+            scope: vec!["/proxy/stream".into()],
+            exp: None,
+            ip: None,
+        };
+        let legacy_forgery = SealedKey::legacy("guess").seal(&sealed_grant, [3; 24]);
+        let no_password = TokenKey::new("pw").encrypt(&pairs(&[("d", "x")]), None, None, [2; 16]);
+        for token in [foreign("guess"), legacy_forgery, no_password] {
+            let why = g.open(&token, IP, 0).unwrap_err();
+            assert!(why.is_guess(), "{why}");
+        }
+        let with = foreign("pw");
+        let expired =
+            TokenKey::new("pw").encrypt(&pairs(&[("api_password", "pw")]), Some(1), None, [2; 16]);
+        let elsewhere = g.mint(
+            &[],
+            &["/proxy/"],
+            Some(&TokenScope {
+                exp: None,
+                ip: Some("10.9.9.9".into()),
+                paths: None,
+            }),
+            false,
+            0,
+        );
+        for (gate, token) in [
+            (&g, expired),
+            (&g, elsewhere),
+            (&g, "garbage".to_string()),
+            (&g, "s1.!!".to_string()),
+            (&gate(false), with),
+        ] {
+            let why = gate.open(&token, IP, 10).unwrap_err();
+            assert!(!why.is_guess(), "{why}");
+        }
+        for why in [
+            TokenRefusal::NoKey,
+            TokenRefusal::OutOfScope,
+            TokenRefusal::Override("d".into()),
+            TokenRefusal::UnnormalPath,
+        ] {
+            assert!(!why.is_guess(), "{why}");
+        }
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //! The two answers can be told apart, so the endpoint says whether a password is this server's:
 //! no more than `/proxy/stream?api_password=` already says (403 or not), one guess per request,
 //! compared in constant time (`auth::Auth::check`), and counted as a wrong one against the
-//! client's network as the gate's are (`auth::guesses`: past the limit, 429).
+//! client's network as the gate's are (`auth::guesses`: past the limit, 429). Only for a URL on
+//! this server (`mediaflow_proxy_url` naming the host and port the request came to): a link for
+//! another MediaFlow server, with that server's password, is MediaFlow's token with nothing
+//! compared, so it is never a guess (`this_server`).
 //!
 //! `/generate_urls` is bounded before it builds anything (`generate::check_size`): 413 past 1,000
 //! items, a base URL or password over 8 KiB, or an answer estimated over 16 MiB.
@@ -95,8 +98,12 @@ pub async fn handle(
             // request made gigabytes on this runtime worker.
             generate::check_size(&request).map_err(too_large)?;
             let now = token::now();
-            let response = match own_gate(keys, request.api_password.as_deref(), attempt.as_ref())?
-            {
+            let response = match own_gate(
+                keys,
+                this_server(&request.mediaflow_proxy_url, ctx),
+                request.api_password.as_deref(),
+                attempt.as_ref(),
+            )? {
                 Some(gate) => generate::UrlsResponse {
                     urls: generate::plan_urls(&request, now)
                         .map_err(unsealable)?
@@ -112,8 +119,12 @@ pub async fn handle(
             require(&method, Method::POST)?;
             let request: generate::GenerateUrlRequest = read_json(req).await?;
             let now = token::now();
-            let response = match own_gate(keys, request.api_password.as_deref(), attempt.as_ref())?
-            {
+            let response = match own_gate(
+                keys,
+                this_server(&request.mediaflow_proxy_url, ctx),
+                request.api_password.as_deref(),
+                attempt.as_ref(),
+            )? {
                 Some(gate) => generate::UrlResponse {
                     url: seal(
                         &gate,
@@ -132,18 +143,23 @@ pub async fn handle(
     }
 }
 
-/// The token gate when `offered` is this server's password (compared in constant time), so the
-/// URL gets sluice's sealed token; `None` (MediaFlow's format) for any other password or none.
-/// The answer tells the two apart, so a password other than this server's is a wrong guess,
-/// charged to the client's network under `attempt`'s limit, and a network past it gets the 429
-/// before its password is compared (`attempt` is dispatch's; without it nothing is limited).
+/// The token gate when the URL is for this server (`own`, [`this_server`]) and `offered` is its
+/// password (compared in constant time), so the URL gets sluice's sealed token; `None`
+/// (MediaFlow's format) for any other password or none. The answer tells the two apart, so a
+/// password other than this server's is a wrong guess, charged to the client's network under
+/// `attempt`'s limit, and a network past it gets the 429 before its password is compared
+/// (`attempt` is dispatch's; without it nothing is limited). A URL for another MediaFlow server
+/// (a documented use: minting links for it with its password) gets MediaFlow's format with no
+/// comparison, so its password is neither a guess nor limited: the answer then says nothing of
+/// this server's password.
 fn own_gate(
     keys: &Keys,
+    own: bool,
     offered: Option<&str>,
     attempt: Option<&Attempt>,
 ) -> Result<Option<Arc<TokenGate>>, ProxyError> {
     let credentials = keys.load();
-    let Some(offered) = offered.filter(|p| !p.is_empty()) else {
+    let Some(offered) = offered.filter(|p| !p.is_empty() && own) else {
         return Ok(None);
     };
     if !credentials.auth.required() {
@@ -155,6 +171,28 @@ fn own_gate(
         None => check(Some(offered)),
     };
     Ok(credentials.tokens.clone().filter(|_| own))
+}
+
+/// Whether `base` (a request's `mediaflow_proxy_url`) is this server as the client reached it:
+/// an `http` or `https` URL whose host is the request's `Host` (or HTTP/2 authority), and whose
+/// port is the one `Host` names or, when `Host` names none (the scheme's default port, which a
+/// TLS front proxy may have changed), its scheme's default too. Anything unsure (no `Host`, a
+/// base that does not parse, another scheme) is another server: no password is compared for it.
+fn this_server(base: &str, ctx: &RequestContext) -> bool {
+    let (Ok(url), Some(host)) = (url::Url::parse(base.trim()), ctx.host.as_deref()) else {
+        return false;
+    };
+    let Ok(authority) = host.parse::<http::uri::Authority>() else {
+        return false;
+    };
+    let same_host = url
+        .host_str()
+        .is_some_and(|h| h.eq_ignore_ascii_case(authority.host()));
+    let same_port = match authority.port_u16() {
+        Some(port) => url.port_or_known_default() == Some(port),
+        None => url.port().is_none(),
+    };
+    matches!(url.scheme(), "http" | "https") && same_host && same_port
 }
 
 /// The planned URL under a sealed token that opens its one path (nothing when it has none), with
@@ -282,6 +320,48 @@ mod tests {
     use http_body::Frame;
     use http_body_util::StreamBody;
     use tokio::time::Instant;
+
+    fn ctx(host: Option<&str>) -> RequestContext {
+        RequestContext {
+            peer: "127.0.0.1:1".parse().unwrap(),
+            client_ip: std::net::Ipv4Addr::LOCALHOST.into(),
+            query: sluice_media::query::Query::parse(""),
+            path: "/generate_url".into(),
+            host: host.map(str::to_string),
+            secure: false,
+            token: None,
+        }
+    }
+
+    /// Only a URL naming the host and port the client reached is this server's; anything else,
+    /// or anything unsure, is another MediaFlow server's (its password is not compared).
+    #[test]
+    fn a_url_is_this_servers_only_by_its_hosts_name_and_port() {
+        for (base, host) in [
+            ("http://127.0.0.1:8888", "127.0.0.1:8888"),
+            ("http://127.0.0.1:8888/", "127.0.0.1:8888"),
+            ("HTTP://Proxy.Example:8888/base", "proxy.example:8888"),
+            ("https://proxy.example", "proxy.example"),
+            ("http://proxy.example", "PROXY.example"),
+            ("https://proxy.example/", "proxy.example:443"),
+            ("http://[::1]:8888", "[::1]:8888"),
+        ] {
+            assert!(this_server(base, &ctx(Some(host))), "{base} at {host}");
+        }
+        for (base, host) in [
+            ("https://other.example", Some("proxy.example")),
+            ("http://proxy.example:8889", Some("proxy.example:8888")),
+            ("http://proxy.example:8888", Some("proxy.example")),
+            ("http://proxy.example", Some("proxy.example:8888")),
+            ("ftp://proxy.example", Some("proxy.example")),
+            ("not a url", Some("proxy.example")),
+            ("/relative", Some("proxy.example")),
+            ("http://proxy.example", None),
+            ("http://proxy.example", Some("bad host/")),
+        ] {
+            assert!(!this_server(base, &ctx(host)), "{base} at {host:?}");
+        }
+    }
 
     /// `/generate_urls` and the other JSON endpoints are open without a password: a body that
     /// goes silent, or trickles a byte at a time, ends as the client's 408 at its deadline.

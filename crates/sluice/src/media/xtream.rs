@@ -27,6 +27,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use url::Url;
 
 use super::{cpu, stream};
+use crate::auth::guesses::Attempt;
 use crate::auth::token::{self, TokenScope};
 use crate::auth::Keys;
 use crate::body::{self, Body};
@@ -149,11 +150,11 @@ impl Xtream {
                     .query
                     .get("username")
                     .ok_or_else(|| bad("missing username"))?;
-                let account = self.resolve(raw_user, ctx, password_ok)?;
+                let account = self.resolve(req, raw_user, ctx, password_ok)?;
                 self.api(req, ctx, *api, &account).await
             }
             XcPath::Stream { user, .. } => {
-                let account = self.resolve(user, ctx, password_ok)?;
+                let account = self.resolve(req, user, ctx, password_ok)?;
                 let url = upstream_url(&account.server, &path.upstream_path(&account.user), ctx)?;
                 self.stream(req, ctx, url, account.limit.as_ref()).await
             }
@@ -175,16 +176,28 @@ impl Xtream {
     }
 
     /// The account behind an XC username: a token this server minted, or MediaFlow's formats
-    /// with the API password checked. Every failure is the same refusal.
+    /// with the API password checked. Every failure is the same refusal, but for the 429 of a
+    /// network past its wrong passwords (dispatch's [`Attempt`], in `req`'s extensions).
     fn resolve(
         &self,
+        req: &Request<Incoming>,
         raw: &str,
         ctx: &RequestContext,
         password_ok: &(dyn Fn(Option<&str>) -> bool + Sync),
     ) -> Result<Resolved, ProxyError> {
         if let Some(gate) = self.keys.tokens().filter(|_| sealed::is_sealed(raw)) {
+            // A sealed username is a credential like the password: a network past its wrong
+            // passwords is refused before it is opened, and one forged under a guessed password
+            // (the legacy key is a cheap HKDF of it) is booked as a wrong password.
+            let attempt = req.extensions().get::<Attempt>();
+            if let Some(attempt) = attempt {
+                attempt.check()?;
+            }
             let opened = gate.open(raw, ctx.client_ip, token::now()).map_err(|why| {
                 tracing::debug!(reason = %why, "XC username token refused");
+                if let Some(attempt) = attempt.filter(|_| why.is_guess()) {
+                    attempt.charge();
+                }
                 refusal()
             })?;
             if opened.scope.paths.as_deref() != Some(&[XC_SCOPE.to_string()][..]) {
