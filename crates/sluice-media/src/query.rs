@@ -43,7 +43,9 @@ pub fn is_forbidden_header(name: &str) -> bool {
 
 /// Response headers no `r_*`/`rp_*` parameter may set: the proxy's answers share the origin of its
 /// pages, so a link could otherwise plant a cookie, lift the sandbox, open CORS, pin HSTS, wipe
-/// site data, redirect, or register a service worker there.
+/// site data, redirect, or register a service worker there. Nor the fields a web server in front
+/// of the proxy acts on (nginx's `X-Accel-Redirect` and other `X-Accel-*`, `X-Sendfile`,
+/// lighttpd's `X-Lighttpd-Send-File`): they would have it serve an internal location or a file.
 pub fn is_forbidden_response_header(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
     matches!(
@@ -71,8 +73,11 @@ pub fn is_forbidden_response_header(name: &str) -> bool {
             | "x-xss-protection"
             | "x-permitted-cross-domain-policies"
             | "timing-allow-origin"
+            | "x-sendfile"
+            | "x-lighttpd-send-file"
     ) || name.starts_with("access-control-")
         || name.starts_with("cross-origin-")
+        || name.starts_with("x-accel-")
 }
 
 /// All query pairs of a request, in order, percent-decoded.
@@ -336,6 +341,27 @@ mod tests {
             );
         }
         let q = Query::parse("d=http://h/v&h_host=h2&h_range=bytes%3D0-1&h_authorization=x");
+        assert!(ProxyParams::from_query(&q).is_ok());
+    }
+
+    #[test]
+    fn front_server_fields_refused_as_response_headers() {
+        for key in [
+            "r_x-accel-redirect",
+            "r_X-Accel-Buffering",
+            "rp_x-accel-expires",
+            "r_x-sendfile",
+            "rp_X-Lighttpd-Send-File",
+        ] {
+            let q = Query::parse(&format!("d=http://h/v&{key}=%2Finternal"));
+            assert_eq!(
+                ProxyParams::from_query(&q),
+                Err(QueryError::ForbiddenHeader(key.into())),
+                "{key}"
+            );
+        }
+        // Upstream request headers of those names are the origin's business.
+        let q = Query::parse("d=http://h/v&h_x-accel-redirect=1&r_x-accelerated=1");
         assert!(ProxyParams::from_query(&q).is_ok());
     }
 

@@ -433,6 +433,53 @@ async fn refusals() {
     assert!(origin.got("/echo").is_empty());
 }
 
+/// `h_host` is checked against the host lists like `d`: before, `d` on an allowed host (or an
+/// address, which a list of names does not match) with `h_host` naming another site reached that
+/// site's virtual host on the same server.
+#[tokio::test]
+async fn the_virtual_host_is_held_to_the_host_lists() {
+    let origin = Origin::start().await;
+    let port = origin.addr.port();
+    let allowed = start(&origin, |c| {
+        c.media.forward.allowed_hosts = vec!["127.0.0.1".into()];
+    })
+    .await;
+    let denied = start(&origin, |c| {
+        c.media.forward.denied_hosts = vec!["*.internal.example".into(), "localhost".into()];
+    })
+    .await;
+    let d = origin.url("/echo");
+    for (s, h_host) in [
+        (&allowed, "other.example"),
+        (&allowed, "localhost:80"),
+        (&denied, "admin.internal.example"),
+        (&denied, "LOCALHOST."),
+        (&denied, &format!("localhost:{port}")),
+    ] {
+        let url = forward(s, &d, &format!("&h_host={}", enc(h_host)));
+        let r = send("GET", &url, &[], Bytes::new(), false).await;
+        assert_eq!(r.status, 403, "{h_host}");
+        assert!(String::from_utf8_lossy(&r.body.unwrap()).contains("forward_host"));
+    }
+    // Not a host at all: the client's 400.
+    let url = forward(&denied, &d, "&h_host=a%20b");
+    let r = send("GET", &url, &[], Bytes::new(), false).await;
+    assert_eq!(r.status, 400);
+    assert!(
+        origin.got("/echo").is_empty(),
+        "a refused virtual host was asked"
+    );
+    // A virtual host the lists allow is sent as before.
+    for (s, h_host) in [(&allowed, "127.0.0.1"), (&denied, "api.example")] {
+        let url = forward(s, &d, &format!("&h_host={h_host}"));
+        let r = send("GET", &url, &[], Bytes::new(), false).await;
+        assert_eq!(r.status, 201, "{h_host}");
+    }
+    let got = origin.got("/echo");
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1].headers["host"], "api.example");
+}
+
 /// An origin that answers every request with `status` and `Location: to`.
 async fn redirector(status: u16, to: String) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -601,6 +648,74 @@ async fn read_answer(
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
+}
+
+/// An answer with both `Transfer-Encoding` and `Content-Length` is framed by its chunks (RFC 9112
+/// 6.3): before, the relay kept the `Content-Length` (the client waited for 100 bytes of a
+/// 5-byte body, or got a body cut short) and refused a small chunked body whose stray length was
+/// over `max_response_bytes`.
+#[tokio::test]
+async fn an_answer_framed_both_ways_goes_by_its_chunks() {
+    let origin = Origin::start().await;
+    let s = start(&origin, |_| {}).await;
+    for length in ["100", "99999999"] {
+        let response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {length}\r\nTransfer-Encoding: chunked\r\n\
+             X-Kept: yes\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        );
+        let addr = support::raw_origin(Box::leak(response.into_bytes().into_boxed_slice())).await;
+        let d = format!("http://{addr}/x");
+        let r = send("GET", &forward(&s, &d, ""), &[], Bytes::new(), false).await;
+        assert_eq!(r.status, 200, "{length}: {:?}", r.body);
+        assert!(r.headers.get("content-length").is_none(), "{length}");
+        assert_eq!(r.headers["x-kept"], "yes");
+        assert_eq!(r.body.unwrap(), "hello", "{length}");
+    }
+}
+
+/// Fields a web server in front of sluice acts on (nginx's `X-Accel-Redirect` serves one of its
+/// internal locations, `X-Sendfile` and lighttpd's `X-Lighttpd-Send-File` a file) never reach it
+/// from the origin, nor from the client through `r_*` / `rp_*`: before, an origin or a
+/// password holder could have the front server answer with what it keeps internal.
+#[tokio::test]
+async fn no_one_hands_the_front_server_an_internal_redirect() {
+    let addr = support::raw_origin(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Accel-Redirect: /internal/secret\r\n\
+          X-Accel-Buffering: no\r\nX-Accel-Limit-Rate: 1\r\nX-Sendfile: /etc/shadow\r\n\
+          X-Lighttpd-Send-File: /etc/shadow\r\nX-Kept: yes\r\n\r\nok",
+    )
+    .await;
+    let origin = Origin::start().await;
+    let s = start(&origin, |_| {}).await;
+    let d = format!("http://{addr}/x");
+    let r = send("GET", &forward(&s, &d, ""), &[], Bytes::new(), false).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-kept"], "yes");
+    for gone in [
+        "x-accel-redirect",
+        "x-accel-buffering",
+        "x-accel-limit-rate",
+        "x-sendfile",
+        "x-lighttpd-send-file",
+    ] {
+        assert!(r.headers.get(gone).is_none(), "{gone}: {:?}", r.headers);
+    }
+    for param in [
+        "r_x-accel-redirect",
+        "r_X-Sendfile",
+        "rp_x-accel-expires",
+        "r_x-lighttpd-send-file",
+    ] {
+        let url = forward(
+            &s,
+            &origin.url("/echo"),
+            &format!("&{param}=%2Finternal%2Fx"),
+        );
+        let r = send("GET", &url, &[], Bytes::new(), false).await;
+        assert_eq!(r.status, 400, "{param}");
+        assert!(r.headers.get("x-accel-redirect").is_none());
+    }
+    assert!(origin.got("/echo").is_empty());
 }
 
 /// Sends a POST head declaring `declared` bytes and then `sent` of them on a raw connection, goes

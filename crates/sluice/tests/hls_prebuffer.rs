@@ -471,7 +471,8 @@ impl Route {
 }
 
 /// A request as a [`Recording`] origin saw it: path, `Authorization`, `Cookie`.
-type Sighting = (String, Option<String>, Option<String>);
+/// Path, `Authorization`, `Cookie`, `Host`.
+type Sighting = (String, Option<String>, Option<String>, Option<String>);
 
 /// An origin answering set routes (404 otherwise), recording every request's credentials.
 struct Recording {
@@ -504,6 +505,7 @@ impl Recording {
                                 path.clone(),
                                 header("authorization"),
                                 header("cookie"),
+                                header("host"),
                             ));
                             let route = r.lock().unwrap().get(&path).cloned();
                             let mut b = Response::builder();
@@ -621,7 +623,11 @@ async fn a_viewers_credentials_never_reach_another_origin_the_playlist_names() {
     config.media.prebuffer_segments = 3;
     config.media.prefetch_segments = 3;
     let s = Sluice::start(config).await;
-    let creds = "&h_authorization=Bearer%20X&h_Cookie=session%3D1";
+    // `h_host` names A's virtual host: B's children are asked for under B's own name.
+    let creds = format!(
+        "&h_authorization=Bearer%20X&h_Cookie=session%3D1&h_host={}",
+        a.addr
+    );
     for path in ["/live.m3u8", "/go.m3u8"] {
         let d = enc(&a.url(path));
         let r = get(&s.url(&format!("/proxy/hls/manifest.m3u8?d={d}{creds}"))).await;
@@ -646,11 +652,12 @@ async fn a_viewers_credentials_never_reach_another_origin_the_playlist_names() {
     ] {
         assert!(seen_b.iter().any(|(q, ..)| q == p), "{p} never fetched");
     }
-    for (path, auth, cookie) in &seen_b {
+    let b_host = Some(b.addr.to_string());
+    for (path, auth, cookie, host) in &seen_b {
         assert_eq!(
-            (auth, cookie),
-            (&None, &None),
-            "B got the viewer's credentials for {path}"
+            (auth, cookie, host),
+            (&None, &None, &b_host),
+            "B got the viewer's credentials or A's virtual host for {path}"
         );
     }
     // A's own playlist and segments still get them.
@@ -659,8 +666,9 @@ async fn a_viewers_credentials_never_reach_another_origin_the_playlist_names() {
     for p in ["/live.m3u8", "/go.m3u8", "/a0.ts", "/a1.ts", "/a2.ts"] {
         let mine: Vec<_> = seen_a.iter().filter(|(q, ..)| q == p).collect();
         assert!(!mine.is_empty(), "{p} never fetched");
-        for (_, auth, cookie) in mine {
+        for (_, auth, cookie, host) in mine {
             assert_eq!((auth.clone(), cookie.clone()), bearer, "{p}");
+            assert_eq!(host.as_deref(), Some(a.addr.to_string().as_str()), "{p}");
         }
     }
 }

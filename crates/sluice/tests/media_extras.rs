@@ -274,6 +274,48 @@ async fn configured_hosts_are_paced_and_an_overlong_wait_is_a_503_with_retry_aft
     assert!(String::from_utf8_lossy(&r.body.unwrap()).contains("`ratelimit`"));
 }
 
+/// `ratelimit` as an attack: before, one client's `ratelimit=60000` moved the host's one shared
+/// slot a minute out (every other viewer of the host got a 503), and its requests for made-up
+/// hosts filled the table (every other paced request got a 503). A client's own interval now
+/// paces that client alone, and one client network creates at most its share of entries.
+#[tokio::test]
+async fn one_client_s_ratelimit_holds_up_no_other_client() {
+    let (handler, count) = counting_origin();
+    let origin = Local::start(handler).await;
+    let mut config = test_config();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    config.auth.api_password = "pw".into();
+    config.media.ratelimit.max_hosts = 8;
+    let s = Sluice::start(config).await;
+    let from = |client: &'static str, url: String| async move {
+        let url = format!("{url}&api_password=pw");
+        request("GET", &url, &[("x-forwarded-for", client)]).await
+    };
+    let (a, b) = ("198.51.100.1", "203.0.113.2");
+    let slow = stream_url(&s, &origin.url("/a.ts"), "&ratelimit=60000");
+    assert_eq!(from(a, slow.clone()).await.status, 200);
+    // A's own next turn is a minute out: refused (past max_wait_secs), not queued.
+    assert_eq!(from(a, slow).await.status, 503);
+    // B, pacing itself at 100 ms on the same host, is not held up by A's minute.
+    let paced = stream_url(&s, &origin.url("/a.ts"), "&ratelimit=100");
+    let r = from(b, paced).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+
+    // A floods made-up hosts (loopback addresses nothing listens on) at a minute each.
+    let port = origin.addr.port();
+    for n in 2..22 {
+        let d = format!("http://127.0.0.{n}:{port}/x.ts");
+        let r = from(a, stream_url(&s, &d, "&ratelimit=60000")).await;
+        assert!(matches!(r.status.as_u16(), 502 | 503), "{}", r.status);
+    }
+    // B's next paced host still has room in the table.
+    let d = format!("http://localhost:{port}/b.ts");
+    let r = from(b, stream_url(&s, &d, "&ratelimit=100")).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+}
+
 fn echo_origin() -> (Handler, Arc<AtomicUsize>) {
     let count = Arc::new(AtomicUsize::new(0));
     let c = count.clone();
@@ -364,4 +406,51 @@ async fn proxy_ip_with_no_working_service_is_a_502_naming_them() {
     // Failures are not cached: the services are asked again.
     let _ = get(&s.url("/proxy/ip")).await;
     assert_eq!(echo.arrivals("/html").len(), 2);
+}
+
+/// A service that accepts connections and never answers, counting them.
+async fn silent_service() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            held.push(stream);
+        }
+    });
+    (addr, count)
+}
+
+/// `/proxy/ip` during an outage of its services: before, each caller waited for the lock and
+/// then ran a lookup of its own (every service's timeout again, failures not cached), so callers
+/// queued for minutes and each asked the services. Now concurrent callers share the running
+/// lookup's failure and later ones get it from memory.
+#[tokio::test]
+async fn proxy_ip_callers_share_a_failed_lookup() {
+    let (silent, asked) = silent_service().await;
+    let (handler, _) = echo_origin();
+    let echo = Local::start(handler).await;
+    let mut config = test_config();
+    config.media.public_ip.services = vec![
+        service(format!("http://{silent}/ip"), ""),
+        service(echo.url("/down"), ""),
+    ];
+    config.media.public_ip.timeout_secs = 1;
+    let s = Sluice::start(config).await;
+    let url = s.url("/proxy/ip");
+    let burst = (0..8).map(|_| get(&url));
+    for r in futures_util::future::join_all(burst).await {
+        assert_eq!(r.status, 502);
+        let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert!(body.contains("no answer within 1 s"), "{body}");
+        assert!(body.contains("500"), "{body}");
+    }
+    // One lookup for the burst, and the failure is kept: the next caller asks nobody.
+    let r = get(&url).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+    assert_eq!(echo.arrivals("/down").len(), 1);
 }

@@ -164,6 +164,7 @@ impl Forward {
             url = replace_in_url(&url, &ip)?;
         }
         self.check_host(&url)?;
+        self.check_virtual_host(&params.request_headers)?;
         let headers = request_headers(req.headers(), &params.request_headers)?;
         let declared = declared_length(req.headers())?;
         if declared.is_some_and(|n| n > self.config.max_request_bytes) {
@@ -230,10 +231,14 @@ impl Forward {
                 e => ProxyError::from_upstream(&e),
             })?;
         let max = self.config.max_response_bytes;
-        if declared_length(&up.headers)
-            .ok()
-            .flatten()
-            .is_some_and(|n| n > max)
+        // A `Content-Length` beside `Transfer-Encoding` declares nothing (RFC 9112 6.3): the
+        // chunks frame the body, and the cap counts them as they come.
+        let framed_by_chunks = up.headers.contains_key(header::TRANSFER_ENCODING);
+        if !framed_by_chunks
+            && declared_length(&up.headers)
+                .ok()
+                .flatten()
+                .is_some_and(|n| n > max)
         {
             return Err(ProxyError::new(
                 crate::error::Side::Upstream,
@@ -264,9 +269,36 @@ impl Forward {
         }
     }
 
+    /// `h_host`, the site the upstream is asked for, against the same lists: before, `d` on an
+    /// allowed host (or an address, which `denied_hosts` does not name) with `h_host` naming
+    /// another site reached that site's virtual host. (A redirect is asked for without it.)
+    fn check_virtual_host(&self, headers: &[(String, String)]) -> Result<(), ProxyError> {
+        if self.allowed.is_empty() && self.denied.is_empty() {
+            return Ok(());
+        }
+        for (_, value) in headers.iter().filter(|(name, _)| name == "host") {
+            let authority = value.trim().parse::<http::uri::Authority>().map_err(|_| {
+                ProxyError::downstream(
+                    StatusCode::BAD_REQUEST,
+                    "bad_request",
+                    format!("`h_host` is not a host: `{value}`"),
+                )
+            })?;
+            if !self.allows_host(authority.host()) {
+                return Err(refused(authority.host()));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `url`'s host passes `allowed_hosts` and `denied_hosts`: `d`, and every redirect.
     fn allows(&self, url: &Url) -> bool {
-        let host = bare(url.host_str().unwrap_or(""));
+        self.allows_host(url.host_str().unwrap_or(""))
+    }
+
+    /// Whether a host (a name or an address, an IPv6 one with or without brackets) passes the lists.
+    fn allows_host(&self, host: &str) -> bool {
+        let host = bare(host);
         // An IPv4 address written IPv4-mapped (`[::ffff:1.2.3.4]`) is that IPv4 address: the
         // lists name it one way only.
         let mapped = host
@@ -406,10 +438,16 @@ fn request_headers(
 
 /// The upstream's headers as the client gets them: all but hop-by-hop ones (with every field
 /// `Connection` names, RFC 9110 7.6.1), `Alt-Svc` (it names the upstream's endpoints, not
-/// sluice's) and those that would act on sluice's own origin (cookies, security policies; a
+/// sluice's), a `Content-Length` that came with `Transfer-Encoding` (the chunks framed that
+/// body, not the length: kept, it would cut the body short or leave the client waiting, as
+/// `stream::mirror_headers` knows), and those that would act on sluice's own origin or on a web
+/// server in front of it (cookies, security policies, `X-Accel-Redirect`, `X-Sendfile`...; a
 /// `Location` only on a redirect).
 fn relay_response_headers(from: &HeaderMap, status: StatusCode, to: &mut HeaderMap) {
     let mut kept = from.clone();
+    if kept.contains_key(header::TRANSFER_ENCODING) {
+        kept.remove(header::CONTENT_LENGTH);
+    }
     sluice_http::hop::strip_hop_by_hop(&mut kept, false);
     for (name, value) in &kept {
         let keep = *name != header::ALT_SVC

@@ -85,13 +85,15 @@ pub fn carried(query: &Query, drop: impl Fn(&str) -> bool) -> Vec<(String, Strin
         .collect()
 }
 
-/// Upstream headers that carry a viewer's credentials: like a redirect to another origin
-/// (`upstream::relay`), a child URL on another origin than the parent's `d` never gets them.
-const CREDENTIALS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
+/// Upstream headers bound to the origin of the parent's `d`: a viewer's credentials, and `Host`
+/// (the virtual host asked for there). Like a redirect to another origin (`upstream::relay`), a
+/// child URL on another origin never gets them: a segment on another CDN is asked for under its
+/// own name, not the first origin's.
+const CREDENTIALS: [&str; 4] = ["authorization", "cookie", "proxy-authorization", "host"];
 
-/// Whether the query parameter `key` sets a credential header upstream (`h_authorization`,
-/// `h_Cookie`, `h_ proxy-authorization`...: the header name as `ProxyParams` reads it, trimmed and
-/// lowercased; the prefix in any case).
+/// Whether the query parameter `key` sets an origin-bound header upstream (`h_authorization`,
+/// `h_Cookie`, `h_ proxy-authorization`, `h_host`...: the header name as `ProxyParams` reads it,
+/// trimmed and lowercased; the prefix in any case).
 pub fn is_credential_param(key: &str) -> bool {
     let Some(prefix) = key.get(..2) else {
         return false;
@@ -102,7 +104,8 @@ pub fn is_credential_param(key: &str) -> bool {
             .any(|c| key[2..].trim().eq_ignore_ascii_case(c))
 }
 
-/// `carried` for a child on another origin than the parent's `d`: without the credentials.
+/// `carried` for a child on another origin than the parent's `d`: without the credentials and
+/// `h_host`.
 pub fn without_credentials(carried: &[(String, String)]) -> Vec<(String, String)> {
     carried
         .iter()
@@ -111,8 +114,8 @@ pub fn without_credentials(carried: &[(String, String)]) -> Vec<(String, String)
         .collect()
 }
 
-/// Takes the credential headers out of a set of upstream headers (for a fetch on another origin
-/// than the one they were given for).
+/// Takes the credential headers and `Host` out of a set of upstream headers (for a fetch on
+/// another origin than the one they were given for).
 pub fn strip_credentials(headers: &mut http::HeaderMap) -> bool {
     let mut any = false;
     for name in CREDENTIALS {
@@ -160,6 +163,8 @@ mod tests {
             "h_ cookie ",
             "h_COOKIE",
             "h_proxy-authorization",
+            "h_host",
+            "h_Host ",
         ] {
             assert!(is_credential_param(key), "{key}");
         }
@@ -177,6 +182,7 @@ mod tests {
         let carried = vec![
             ("h_referer".to_string(), "r".to_string()),
             ("h_Cookie".to_string(), "c".to_string()),
+            ("h_HOST".to_string(), "first-origin.example".to_string()),
             ("rp_x".to_string(), "1".to_string()),
         ];
         let names: Vec<_> = without_credentials(&carried)
@@ -188,6 +194,7 @@ mod tests {
         headers.insert("authorization", "Bearer x".parse().unwrap());
         headers.insert("cookie", "a=b".parse().unwrap());
         headers.insert("referer", "r".parse().unwrap());
+        headers.insert("host", "first-origin.example".parse().unwrap());
         assert!(strip_credentials(&mut headers));
         assert_eq!(headers.len(), 1);
         assert!(!strip_credentials(&mut headers));

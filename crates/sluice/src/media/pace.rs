@@ -7,12 +7,21 @@
 //! cooldown (MediaFlow answers every request in the cooldown that way; sluice queues those that
 //! fit, so a player's segment fetch is served late rather than failed).
 //!
-//! Which interval applies: the longest of the operator's `[media.ratelimit] hosts` entry for the
-//! destination (always on) and the request's `ratelimit` parameter (MediaFlow's `vidoza` = 5 s,
-//! `aggressive` = 3 s, `none`, or a number of milliseconds). A client can make pacing stricter,
-//! never looser than the operator's.
+//! Two intervals, kept apart. The operator's `[media.ratelimit] hosts` entry for the destination
+//! (always on) paces every client's requests to that host: one slot per host, shared. The
+//! request's `ratelimit` parameter (MediaFlow's `vidoza` = 5 s, `aggressive` = 3 s, `none`, or a
+//! number of milliseconds) paces only the requests of the client network that asked (an address,
+//! an IPv6 one by its /64): one slot per client network and host, which no other client waits
+//! for. A client can make its own pacing stricter, never looser than the operator's, and never
+//! anyone else's (one `ratelimit=60000` used to move the shared slot a minute out, and every other
+//! viewer of the host got a 503). A request paced both ways waits for its own slot, then takes the
+//! shared one, the two waits together bounded by `max_wait_secs`.
+//!
+//! The table holds at most `max_hosts` entries; one client network creates at most
+//! [`per_client`] of them, so a flood of made-up hosts from one client fills its own share only.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -22,7 +31,58 @@ use tokio::time::Instant;
 
 use super::config::ratelimit::{RateLimitConfig, MAX_INTERVAL_MS};
 use crate::error::ProxyError;
+use crate::net::per_ip::network_of;
 use crate::request::RequestContext;
+
+/// Most entries one client network may create: a quarter of `max_hosts`, at most 64.
+fn per_client(max_hosts: usize) -> usize {
+    (max_hosts / 4).clamp(1, 64)
+}
+
+/// Whose slot an entry is: the shared one of a host, or one client network's own for a host.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Shared(String),
+    Own(IpAddr, String),
+}
+
+/// One tracked slot: when the next request may start, and the client network that created it
+/// (counted against that network's share until it is forgotten).
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    next: Instant,
+    owner: IpAddr,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    slots: HashMap<Key, Slot>,
+    /// Entries of `slots` per creating client network.
+    created: HashMap<IpAddr, usize>,
+}
+
+impl Table {
+    /// Forgets the idle entries (their instant has passed) that `which` selects.
+    fn forget_idle(&mut self, now: Instant, which: impl Fn(&Slot) -> bool) {
+        let created = &mut self.created;
+        self.slots.retain(|_, slot| {
+            let keep = slot.next > now || !which(slot);
+            if !keep {
+                crate::net::per_ip::release(created, &slot.owner);
+            }
+            keep
+        });
+    }
+
+    /// The soonest instant one of the entries `which` selects frees up, as a wait from `now`.
+    fn soonest(&self, now: Instant, which: impl Fn(&Slot) -> bool) -> Option<Duration> {
+        self.slots
+            .values()
+            .filter(|s| which(s))
+            .map(|s| s.next.saturating_duration_since(now))
+            .min()
+    }
+}
 
 /// Paces requests per upstream host.
 #[derive(Debug)]
@@ -31,8 +91,7 @@ pub struct Pacer {
     rules: Vec<(String, Duration)>,
     max_wait: Duration,
     max_hosts: usize,
-    /// Host → the instant its next request may start. Entries in the past are idle and may go.
-    next_start: Mutex<HashMap<String, Instant>>,
+    table: Mutex<Table>,
 }
 
 impl Pacer {
@@ -45,33 +104,47 @@ impl Pacer {
                 .collect(),
             max_wait: Duration::from_secs(config.max_wait_secs),
             max_hosts: config.max_hosts,
-            next_start: Mutex::new(HashMap::new()),
+            table: Mutex::new(Table::default()),
         }
     }
 
     /// `true` when requests for this destination are paced (a bad `ratelimit` value counts as
     /// paced: [`Pacer::wait`] refuses it).
     pub fn paces(&self, ctx: &RequestContext, params: &ProxyParams) -> bool {
-        !matches!(self.interval(&ctx.query, params), Ok(None))
+        !matches!(self.intervals(&ctx.query, params), Ok((None, None)))
     }
 
     /// Waits for this request's turn at its destination host, or refuses it.
     pub async fn wait(&self, ctx: &RequestContext, params: &ProxyParams) -> Result<(), ProxyError> {
-        let Some(interval) = self.interval(&ctx.query, params)? else {
+        let (asked, configured) = self.intervals(&ctx.query, params)?;
+        if asked.is_none() && configured.is_none() {
             return Ok(());
-        };
+        }
         let host = host_of(params);
-        let slot = self.reserve(&host, interval, Instant::now())?;
-        tokio::time::sleep_until(slot).await;
+        let client = network_of(ctx.client_ip);
+        let arrived = Instant::now();
+        // The client's own interval first, when it is stricter than the operator's: it holds up
+        // this client alone and takes no shared slot while it waits.
+        if let Some(asked) = asked.filter(|a| configured.is_none_or(|c| *a > c)) {
+            let key = Key::Own(client, host.clone());
+            let slot = self.reserve(key, client, asked, arrived, Duration::ZERO)?;
+            tokio::time::sleep_until(slot).await;
+        }
+        if let Some(configured) = configured {
+            let now = Instant::now();
+            let waited = now.saturating_duration_since(arrived);
+            let slot = self.reserve(Key::Shared(host), client, configured, now, waited)?;
+            tokio::time::sleep_until(slot).await;
+        }
         Ok(())
     }
 
-    /// The pacing interval for this request, if any.
-    fn interval(
+    /// The request's own interval (`ratelimit`) and the operator's for its host.
+    fn intervals(
         &self,
         query: &Query,
         params: &ProxyParams,
-    ) -> Result<Option<Duration>, ProxyError> {
+    ) -> Result<(Option<Duration>, Option<Duration>), ProxyError> {
         let asked = parse_param(query.get("ratelimit"))?;
         let host = host_of(params);
         let configured = self
@@ -85,37 +158,68 @@ impl Pacer {
             })
             .map(|(_, d)| *d)
             .max();
-        Ok(asked.max(configured))
+        Ok((asked, configured))
     }
 
-    /// Takes the next free start slot of `host`, or refuses when it is too far out or when the
-    /// table is full of hosts that are all still busy.
-    fn reserve(&self, host: &str, interval: Duration, now: Instant) -> Result<Instant, ProxyError> {
+    /// Takes the next free start slot of `key` for `client`, or refuses when it is further out
+    /// than what is left of `max_wait` after `waited`, when `client` already created its share of
+    /// entries and each is still busy, or when the table is full of busy entries.
+    fn reserve(
+        &self,
+        key: Key,
+        client: IpAddr,
+        interval: Duration,
+        now: Instant,
+        waited: Duration,
+    ) -> Result<Instant, ProxyError> {
         let mut table = self
-            .next_start
+            .table
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let slot = table.get(host).copied().filter(|t| *t > now).unwrap_or(now);
+        let slot = table
+            .slots
+            .get(&key)
+            .map(|s| s.next)
+            .filter(|t| *t > now)
+            .unwrap_or(now);
         let wait = slot - now;
-        if wait > self.max_wait {
+        if waited + wait > self.max_wait {
             return Err(busy(wait));
         }
-        if !table.contains_key(host) && table.len() >= self.max_hosts {
-            table.retain(|_, next| *next > now);
-            if table.len() >= self.max_hosts {
-                // Every tracked host has a request pending: forgetting one would break its pacing.
-                let soonest = table.values().min().map_or(interval, |t| *t - now);
-                return Err(busy(soonest));
+        if let Some(entry) = table.slots.get_mut(&key) {
+            entry.next = slot + interval;
+            return Ok(slot);
+        }
+        // A new entry: within the client's share, then within the table. Idle entries go first;
+        // forgetting a busy one would break its pacing.
+        let mine = |s: &Slot| s.owner == client;
+        if table.created.get(&client).copied().unwrap_or(0) >= per_client(self.max_hosts) {
+            table.forget_idle(now, mine);
+            if table.created.get(&client).copied().unwrap_or(0) >= per_client(self.max_hosts) {
+                return Err(busy(table.soonest(now, mine).unwrap_or(interval)));
             }
         }
-        table.insert(host.to_string(), slot + interval);
+        if table.slots.len() >= self.max_hosts {
+            table.forget_idle(now, |_| true);
+            if table.slots.len() >= self.max_hosts {
+                return Err(busy(table.soonest(now, |_| true).unwrap_or(interval)));
+            }
+        }
+        table.slots.insert(
+            key,
+            Slot {
+                next: slot + interval,
+                owner: client,
+            },
+        );
+        *table.created.entry(client).or_default() += 1;
         Ok(slot)
     }
 
-    /// Hosts tracked now (for tests and the bound).
+    /// Entries tracked now (for tests and the bound).
     #[cfg(test)]
     fn tracked(&self) -> usize {
-        self.next_start.lock().map_or(0, |t| t.len())
+        self.table.lock().map_or(0, |t| t.slots.len())
     }
 }
 
@@ -184,25 +288,39 @@ mod tests {
         ProxyParams::from_query(&Query::parse(&format!("d={url}"))).unwrap()
     }
 
+    const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 1));
+    const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 2));
+
+    fn shared(host: &str) -> Key {
+        Key::Shared(host.to_string())
+    }
+
+    fn own(client: IpAddr, host: &str) -> Key {
+        Key::Own(client, host.to_string())
+    }
+
     #[test]
-    fn interval_is_the_longest_of_config_and_request() {
+    fn intervals_are_the_request_s_and_the_operator_s() {
         let p = pacer(&[("cdn.example", 2_000)], 30, 10);
         let q = |s: &str| Query::parse(s);
-        let sec = Duration::from_secs;
-        let at = |query: &str, url: &str| p.interval(&q(query), &params(url)).unwrap();
-        assert_eq!(at("", "http://cdn.example/a"), Some(sec(2)));
-        assert_eq!(at("", "http://edge3.CDN.example./a"), Some(sec(2)));
-        assert_eq!(at("", "http://notcdn.example/a"), None);
-        assert_eq!(at("ratelimit=none", "http://cdn.example/a"), Some(sec(2)));
-        assert_eq!(at("ratelimit=vidoza", "http://cdn.example/a"), Some(sec(5)));
-        assert_eq!(at("ratelimit=Aggressive", "http://other/a"), Some(sec(3)));
+        let sec = |n| Some(Duration::from_secs(n));
+        let at = |query: &str, url: &str| p.intervals(&q(query), &params(url)).unwrap();
+        assert_eq!(at("", "http://cdn.example/a"), (None, sec(2)));
+        assert_eq!(at("", "http://edge3.CDN.example./a"), (None, sec(2)));
+        assert_eq!(at("", "http://notcdn.example/a"), (None, None));
+        assert_eq!(at("ratelimit=none", "http://cdn.example/a"), (None, sec(2)));
+        assert_eq!(
+            at("ratelimit=vidoza", "http://cdn.example/a"),
+            (sec(5), sec(2))
+        );
+        assert_eq!(at("ratelimit=Aggressive", "http://other/a"), (sec(3), None));
         assert_eq!(
             at("ratelimit=250", "http://other/a"),
-            Some(Duration::from_millis(250))
+            (Some(Duration::from_millis(250)), None)
         );
         for bad in ["fast", "0", "60001", "-5"] {
             let e = p
-                .interval(&q(&format!("ratelimit={bad}")), &params("http://x/"))
+                .intervals(&q(&format!("ratelimit={bad}")), &params("http://x/"))
                 .unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
         }
@@ -213,16 +331,72 @@ mod tests {
         let p = pacer(&[], 2, 10);
         let t0 = Instant::now();
         let i = Duration::from_millis(900);
-        assert_eq!(p.reserve("h", i, t0).unwrap(), t0);
-        assert_eq!(p.reserve("h", i, t0).unwrap(), t0 + i);
-        assert_eq!(p.reserve("h", i, t0).unwrap(), t0 + i * 2);
-        let e = p.reserve("h", i, t0).unwrap_err();
+        let zero = Duration::ZERO;
+        assert_eq!(p.reserve(shared("h"), A, i, t0, zero).unwrap(), t0);
+        assert_eq!(p.reserve(shared("h"), B, i, t0, zero).unwrap(), t0 + i);
+        assert_eq!(p.reserve(shared("h"), A, i, t0, zero).unwrap(), t0 + i * 2);
+        let e = p.reserve(shared("h"), A, i, t0, zero).unwrap_err();
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(e.retry_after, Some(3));
+        // Time already spent waiting counts against max_wait.
+        let e = p
+            .reserve(shared("g"), A, i, t0, Duration::from_millis(2_100))
+            .unwrap_err();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         // Another host is not held up, and the first one frees up as time passes.
-        assert_eq!(p.reserve("g", i, t0).unwrap(), t0);
+        assert_eq!(p.reserve(shared("g"), A, i, t0, zero).unwrap(), t0);
         let later = t0 + Duration::from_secs(10);
-        assert_eq!(p.reserve("h", i, later).unwrap(), later);
+        assert_eq!(p.reserve(shared("h"), A, i, later, zero).unwrap(), later);
+    }
+
+    #[test]
+    fn a_client_s_own_interval_holds_up_that_client_alone() {
+        let p = pacer(&[], 30, 64);
+        let t0 = Instant::now();
+        let minute = Duration::from_secs(60);
+        let zero = Duration::ZERO;
+        assert_eq!(p.reserve(own(A, "h"), A, minute, t0, zero).unwrap(), t0);
+        // A's next is a minute out, past max_wait; B's own slot and the shared one are free.
+        let e = p.reserve(own(A, "h"), A, minute, t0, zero).unwrap_err();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        let i = Duration::from_millis(100);
+        assert_eq!(p.reserve(own(B, "h"), B, i, t0, zero).unwrap(), t0);
+        assert_eq!(p.reserve(shared("h"), B, i, t0, zero).unwrap(), t0);
+    }
+
+    #[test]
+    fn one_client_fills_its_share_not_the_table() {
+        let p = pacer(&[], 30, 16);
+        let t0 = Instant::now();
+        let minute = Duration::from_secs(60);
+        let zero = Duration::ZERO;
+        let share = per_client(16);
+        assert_eq!(share, 4);
+        for n in 0..100 {
+            let r = p.reserve(own(A, &format!("h{n}.example")), A, minute, t0, zero);
+            assert_eq!(r.is_ok(), n < share, "{n}");
+        }
+        assert_eq!(p.tracked(), share);
+        // Shared slots A creates count against the same share.
+        assert!(p.reserve(shared("s.example"), A, minute, t0, zero).is_err());
+        // B still has room, in its own slots and the shared ones.
+        assert_eq!(
+            p.reserve(own(B, "h0.example"), B, minute, t0, zero)
+                .unwrap(),
+            t0
+        );
+        assert_eq!(
+            p.reserve(shared("s.example"), B, minute, t0, zero).unwrap(),
+            t0
+        );
+        // Once A's entries are idle, A may make new ones again.
+        let later = t0 + Duration::from_secs(61);
+        assert!(p
+            .reserve(own(A, "new.example"), A, minute, later, zero)
+            .is_ok());
+        assert!(p.tracked() <= share + 2);
+        assert_eq!(per_client(4096), 64);
+        assert_eq!(per_client(1), 1);
     }
 
     #[test]
@@ -230,15 +404,17 @@ mod tests {
         let p = pacer(&[], 30, 2);
         let t0 = Instant::now();
         let i = Duration::from_secs(1);
-        p.reserve("a", i, t0).unwrap();
-        p.reserve("b", i, t0).unwrap();
+        let zero = Duration::ZERO;
+        p.reserve(shared("a"), A, i, t0, zero).unwrap();
+        p.reserve(shared("b"), B, i, t0, zero).unwrap();
         // Both busy until t0 + 1 s: a third host is refused, not let through unpaced.
-        let e = p.reserve("c", i, t0).unwrap_err();
+        let c = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 3));
+        let e = p.reserve(shared("c"), c, i, t0, zero).unwrap_err();
         assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(p.tracked(), 2);
         // Once they are idle, they are forgotten to make room.
         let later = t0 + Duration::from_secs(2);
-        assert_eq!(p.reserve("c", i, later).unwrap(), later);
+        assert_eq!(p.reserve(shared("c"), c, i, later, zero).unwrap(), later);
         assert_eq!(p.tracked(), 1);
     }
 }
