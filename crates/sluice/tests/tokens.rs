@@ -400,7 +400,11 @@ async fn generate_urls_refuses_answers_out_of_proportion_to_the_request() {
     let (status, json) = post_json(&s.url("/generate_urls"), request.clone()).await;
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["urls"].as_array().unwrap().len(), 1_000);
-    assert!(json["urls"][0].as_str().unwrap().contains("s1."), "{}", json["urls"][0]);
+    assert!(
+        json["urls"][0].as_str().unwrap().contains("s1."),
+        "{}",
+        json["urls"][0]
+    );
     // The estimate the bound is checked against holds sluice's sealed answer too (each token
     // repeats the path it opens).
     let estimate =
