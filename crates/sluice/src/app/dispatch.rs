@@ -179,7 +179,7 @@ impl App {
             Ok(opened) => opened,
             Err(why) => {
                 tracing::debug!(reason = %why, "token refused");
-                self.charge_refused_token(client_ip, &why);
+                self.charge_refused_token(client_ip, &offered_token(&req), &why);
                 return token_refused();
             }
         };
@@ -370,6 +370,19 @@ fn token_refused() -> Response<Body> {
         kind: "token",
     });
     resp
+}
+
+/// The token `req` carries, as [`App::context`] finds it (the path's, else the query's), for
+/// telling one refused token from another; empty when there is none.
+fn offered_token(req: &Request<Incoming>) -> String {
+    let uri = req.uri();
+    match split_path_token(uri.path()) {
+        Some((token, _)) => token.to_string(),
+        None => uri
+            .query()
+            .and_then(|q| Query::parse(q).get("token").map(str::to_string))
+            .unwrap_or_default(),
+    }
 }
 
 /// Whether `req` carries a token where [`App::context`] looks for one: a `/_token_` path prefix

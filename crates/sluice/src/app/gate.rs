@@ -118,9 +118,14 @@ impl App {
     /// [`TokenRefusal::is_guess`]) to the client's network as a wrong password: a MediaFlow token
     /// made under a guessed password, or a sealed one under its legacy key, tells a right guess
     /// from a wrong one as surely as `api_password` does.
-    pub(super) fn charge_refused_token(&self, client: std::net::IpAddr, why: &TokenRefusal) {
+    pub(super) fn charge_refused_token(
+        &self,
+        client: std::net::IpAddr,
+        token: &str,
+        why: &TokenRefusal,
+    ) {
         if why.is_guess() && self.keys.load().auth.required() {
-            self.metrics.guesses.charge(client);
+            self.metrics.guesses.charge_token(client, token);
         }
     }
 

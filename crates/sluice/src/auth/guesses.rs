@@ -49,6 +49,11 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// Most windows held at once (/64s, IPv4 addresses and /48s together, about 80 bytes each).
 pub const MAX_ENTRIES: usize = 65_536;
 
+/// Wrong tokens remembered per network window: the same token offered again tests no new
+/// password, so it is charged once. A player still polling with a token minted before a password
+/// change would otherwise lock its whole network (and the new password) out every minute.
+pub const SEEN_TOKENS: usize = 32;
+
 /// What a window counts for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Key {
@@ -71,6 +76,8 @@ impl Key {
 struct Window {
     since: Instant,
     failures: u32,
+    /// Hashes of the wrong tokens charged in this window (at most [`SEEN_TOKENS`]).
+    seen: Vec<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -124,6 +131,7 @@ impl Table {
                     Window {
                         since: now,
                         failures: 1,
+                        seen: Vec::new(),
                     },
                 );
                 self.order.push_back((key, now));
@@ -141,6 +149,8 @@ pub struct Guesses {
     failures: Counter,
     /// `sluice_auth_limited_total`: requests refused by the limit, their password not compared.
     limited: Counter,
+    /// Keys the hashes of wrong tokens, differently in every process.
+    hasher: std::collections::hash_map::RandomState,
 }
 
 /// A request refused by the limit: its password was not compared.
@@ -175,6 +185,7 @@ impl Guesses {
             cap: cap.max(2),
             failures,
             limited,
+            hasher: Default::default(),
         })
     }
 
@@ -217,6 +228,35 @@ impl Guesses {
     /// authenticate where [`Guesses::attempt`] does not compare it (a forged token).
     pub fn charge(&self, client: IpAddr) {
         self.charge_at(client, Instant::now())
+    }
+
+    /// Books `token`, refused for its password, as one wrong guess to `client`'s network, once
+    /// per window: the same token again tests no new password ([`SEEN_TOKENS`]).
+    pub fn charge_token(&self, client: IpAddr, token: &str) {
+        self.charge_token_at(client, token, Instant::now())
+    }
+
+    fn charge_token_at(&self, client: IpAddr, token: &str, now: Instant) {
+        use std::hash::BuildHasher;
+        let hash = self.hasher.hash_one(token);
+        let network = Key::Network(network_of(client));
+        let seen = |table: &Table| {
+            table.live(network, now)
+                && table
+                    .windows
+                    .get(&network)
+                    .is_some_and(|w| w.seen.contains(&hash))
+        };
+        if seen(&self.lock()) {
+            return;
+        }
+        self.charge_at(client, now);
+        let mut table = self.lock();
+        if let Some(w) = table.windows.get_mut(&network) {
+            if w.seen.len() < SEEN_TOKENS && !w.seen.contains(&hash) {
+                w.seen.push(hash);
+            }
+        }
     }
 
     fn check_at(&self, client: IpAddr, now: Instant) -> Result<(), Limited> {
@@ -295,9 +335,9 @@ impl Attempt {
         self.guesses.check(self.client)
     }
 
-    /// [`Guesses::charge`] for this request's client.
-    pub fn charge(&self) {
-        self.guesses.charge(self.client)
+    /// [`Guesses::charge_token`] for this request's client.
+    pub fn charge_token(&self, token: &str) {
+        self.guesses.charge_token(self.client, token)
     }
 }
 
@@ -366,6 +406,27 @@ mod tests {
         assert_eq!(g.check_at(ip("203.0.113.8"), now), Ok(()));
         assert_eq!(g.failures.get(), u64::from(MAX_FAILURES));
         assert_eq!(g.limited.get(), 2);
+    }
+
+    /// The same wrong token offered again is one guess (a player polling with a token minted
+    /// before a password change); distinct ones are a guess each, as forged tokens are.
+    #[test]
+    fn a_token_offered_again_is_charged_once() {
+        let g = guesses(MAX_ENTRIES);
+        let now = Instant::now();
+        for _ in 0..10 * MAX_FAILURES {
+            g.charge_token_at(ip("203.0.113.7"), "s1.stale", now);
+        }
+        assert_eq!(g.check_at(ip("203.0.113.7"), now), Ok(()));
+        assert_eq!(g.failures.get(), 1);
+        for i in 1..MAX_FAILURES {
+            g.charge_token_at(ip("203.0.113.7"), &format!("s1.forged-{i}"), now);
+        }
+        assert!(g.check_at(ip("203.0.113.7"), now).is_err());
+        // A new window forgets what the last one saw.
+        let later = now + WINDOW;
+        g.charge_token_at(ip("203.0.113.7"), "s1.stale", later);
+        assert_eq!(g.failures.get(), u64::from(MAX_FAILURES) + 1);
     }
 
     #[test]

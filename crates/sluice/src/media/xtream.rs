@@ -196,7 +196,7 @@ impl Xtream {
             let opened = gate.open(raw, ctx.client_ip, token::now()).map_err(|why| {
                 tracing::debug!(reason = %why, "XC username token refused");
                 if let Some(attempt) = attempt.filter(|_| why.is_guess()) {
-                    attempt.charge();
+                    attempt.charge_token(raw);
                 }
                 refusal()
             })?;
