@@ -36,7 +36,8 @@ use crate::request::RequestContext;
 
 /// Most entries one client network may create: a quarter of `max_hosts`, at most 64.
 fn per_client(max_hosts: usize) -> usize {
-    (max_hosts / 4).clamp(1, 64)
+    // At least 2: a request paced both ways holds an own entry and may need a shared one.
+    (max_hosts / 4).clamp(2, 64)
 }
 
 /// Whose slot an entry is: the shared one of a host, or one client network's own for a host.
@@ -131,9 +132,10 @@ impl Pacer {
             tokio::time::sleep_until(slot).await;
         }
         if let Some(configured) = configured {
+            // The shared slot is judged against `max_wait` alone: the client's own interval is
+            // its choice, and counting it here refused a request that had waited out its slot.
             let now = Instant::now();
-            let waited = now.saturating_duration_since(arrived);
-            let slot = self.reserve(Key::Shared(host), client, configured, now, waited)?;
+            let slot = self.reserve(Key::Shared(host), client, configured, now, Duration::ZERO)?;
             tokio::time::sleep_until(slot).await;
         }
         Ok(())
@@ -396,7 +398,7 @@ mod tests {
             .is_ok());
         assert!(p.tracked() <= share + 2);
         assert_eq!(per_client(4096), 64);
-        assert_eq!(per_client(1), 1);
+        assert_eq!(per_client(1), 2);
     }
 
     #[test]
