@@ -51,8 +51,9 @@ use connector::ConnInfo;
 use connector::Connector;
 
 /// Request fields that carry credentials: dropped when a redirect leaves the origin they were
-/// meant for (by both the pooled client and the gateway's fetches).
-const CREDENTIAL_FIELDS: [http::HeaderName; 3] = [
+/// meant for (by both the pooled client and the gateway's fetches), and from a media child on
+/// another origin than its parent's (`media::links`).
+pub(crate) const CREDENTIAL_FIELDS: [http::HeaderName; 3] = [
     http::header::AUTHORIZATION,
     http::header::COOKIE,
     http::header::PROXY_AUTHORIZATION,

@@ -175,7 +175,7 @@ impl App {
         }
         // A MediaFlow token's claims, as opened: its in-flight share keys on them.
         #[cfg_attr(not(feature = "media"), allow(unused_variables))]
-        let (ctx, claims) = match self.context(&req, peer, secure) {
+        let (ctx, claims) = match self.context(&req, peer, client_ip, secure) {
             Ok(opened) => opened,
             Err(why) => {
                 tracing::debug!(reason = %why, "token refused");

@@ -19,14 +19,15 @@ impl App {
     /// `/_token_<T>/...` or as `?token=`) is opened and its scope enforced here, before any front
     /// end sees the request; every token failure gets the same [`token::refusal`]. A MediaFlow
     /// token's claims come back beside the context, for its in-flight share
-    /// ([`App::media_places`]): it is decrypted here and nowhere else.
+    /// ([`App::media_places`]): it is decrypted here and nowhere else. `client_ip` is the
+    /// request's client as `auth.trusted_proxies` make it out (dispatch works it out once).
     pub(super) fn context(
         &self,
         req: &Request<Incoming>,
         peer: SocketAddr,
+        client_ip: std::net::IpAddr,
         secure: bool,
     ) -> Result<(RequestContext, Option<TokenClaims>), token::TokenRefusal> {
-        let client_ip = self.keys.load().auth.client_ip(peer.ip(), req.headers());
         let raw_path = req.uri().path();
         let mut query = Query::parse(req.uri().query().unwrap_or(""));
         let (token, path) = match split_path_token(raw_path) {

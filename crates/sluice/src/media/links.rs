@@ -89,7 +89,11 @@ pub fn carried(query: &Query, drop: impl Fn(&str) -> bool) -> Vec<(String, Strin
 /// (the virtual host asked for there). Like a redirect to another origin (`upstream::relay`), a
 /// child URL on another origin never gets them: a segment on another CDN is asked for under its
 /// own name, not the first origin's.
-const CREDENTIALS: [&str; 4] = ["authorization", "cookie", "proxy-authorization", "host"];
+fn origin_bound() -> impl Iterator<Item = http::HeaderName> {
+    crate::upstream::CREDENTIAL_FIELDS
+        .into_iter()
+        .chain([http::header::HOST])
+}
 
 /// Whether the query parameter `key` sets an origin-bound header upstream (`h_authorization`,
 /// `h_Cookie`, `h_ proxy-authorization`, `h_host`...: the header name as `ProxyParams` reads it,
@@ -99,9 +103,7 @@ pub fn is_credential_param(key: &str) -> bool {
         return false;
     };
     prefix.eq_ignore_ascii_case("h_")
-        && CREDENTIALS
-            .iter()
-            .any(|c| key[2..].trim().eq_ignore_ascii_case(c))
+        && origin_bound().any(|c| key[2..].trim().eq_ignore_ascii_case(c.as_str()))
 }
 
 /// `carried` for a child on another origin than the parent's `d`: without the credentials and
@@ -118,7 +120,7 @@ pub fn without_credentials(carried: &[(String, String)]) -> Vec<(String, String)
 /// another origin than the one they were given for).
 pub fn strip_credentials(headers: &mut http::HeaderMap) -> bool {
     let mut any = false;
-    for name in CREDENTIALS {
+    for name in origin_bound() {
         any |= headers.remove(name).is_some();
     }
     any
