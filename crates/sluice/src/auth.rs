@@ -325,7 +325,7 @@ fn forwarded_nodes(line: &str) -> Option<Vec<(bool, Option<IpAddr>)>> {
 
 /// Splits `s` at each `delim` outside a quoted string. `None` when a quoted string is left open,
 /// or a quote opens in the middle of a value (`a"b"`) or a value continues after one closes.
-fn split_unquoted(s: &str, delim: u8) -> Option<Vec<&str>> {
+pub(crate) fn split_unquoted(s: &str, delim: u8) -> Option<Vec<&str>> {
     let bytes = s.as_bytes();
     let mut parts = Vec::new();
     let (mut start, mut i) = (0, 0);

@@ -6,10 +6,22 @@ mod support;
 use support::*;
 
 async fn post_json(url: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    post_json_with(url, &[], body).await
+}
+
+/// [`post_json`] with `fields` in the request head too.
+async fn post_json_with(
+    url: &str,
+    fields: &[(&str, &str)],
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Full<bytes::Bytes>>();
-    let req = http::Request::post(url)
-        .header("content-type", "application/json")
+    let mut req = http::Request::post(url).header("content-type", "application/json");
+    for (name, value) in fields {
+        req = req.header(*name, *value);
+    }
+    let req = req
         .body(http_body_util::Full::new(bytes::Bytes::from(
             body.to_string(),
         )))
@@ -147,6 +159,67 @@ async fn generated_url_with_this_servers_password_is_sealed_and_scoped() {
     let url = json["encoded_url"].as_str().unwrap();
     assert!(split_url(url).1.starts_with(SEALED_PREFIX), "{url}");
     assert_eq!(get(url).await.body.unwrap(), "hello");
+}
+
+/// Behind a trusted front proxy that rewrites `Host` to reach sluice, a link for the public name
+/// (the one the proxy forwards in `X-Forwarded-Host` or `Forwarded: host=`) is this server's and
+/// gets the sealed token, which opens the stream here. From a peer that is not a trusted proxy
+/// the forwarded host is not believed: the link is another server's, in MediaFlow's format.
+/// Before, only `Host` was compared, and every link behind such a proxy came out in MediaFlow's.
+#[tokio::test]
+async fn a_link_for_the_host_a_trusted_proxy_forwards_is_sealed() {
+    use sluice_media::token::sealed::SEALED_PREFIX;
+    let origin = Origin::start().await;
+    let mut config = test_config();
+    config.auth.api_password = "server-pw".into();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    let behind = Sluice::start(config).await;
+    let direct = sluice_with_password().await;
+    let body = serde_json::json!({
+        "mediaflow_proxy_url": "https://media.example",
+        "endpoint": "/proxy/stream",
+        "destination_url": origin.url("/small"),
+        "api_password": "server-pw",
+    });
+    let forwarded = [
+        ("x-forwarded-host", "media.example"),
+        (
+            "forwarded",
+            "for=203.0.113.7;host=media.example;proto=https",
+        ),
+    ];
+    for (name, value) in forwarded {
+        // The Host the proxy rewrote: sluice's own address on its network.
+        let fields = [("host", "10.0.0.5:8888"), (name, value)];
+        let (status, json) =
+            post_json_with(&behind.url("/generate_url"), &fields, body.clone()).await;
+        assert_eq!(status, 200, "{json}");
+        let url = json["url"].as_str().unwrap();
+        let (base, token, path) = split_url(url);
+        assert_eq!(base, "https://media.example", "{url}");
+        assert!(token.starts_with(SEALED_PREFIX), "{name}: {url}");
+        let r = get(&behind.url(&format!("/_token_{token}{path}"))).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body.unwrap(), "hello");
+        let (status, json) =
+            post_json_with(&direct.url("/generate_url"), &fields, body.clone()).await;
+        assert_eq!(status, 200, "{json}");
+        let url = json["url"].as_str().unwrap();
+        assert!(
+            !split_url(url).1.starts_with(SEALED_PREFIX),
+            "{name}: {url}"
+        );
+    }
+    // The forwarded host must be the link's: another name behind the same proxy is another
+    // server's.
+    let fields = [
+        ("host", "10.0.0.5:8888"),
+        ("x-forwarded-host", "other.example"),
+    ];
+    let (status, json) = post_json_with(&behind.url("/generate_url"), &fields, body).await;
+    assert_eq!(status, 200, "{json}");
+    let url = json["url"].as_str().unwrap();
+    assert!(!split_url(url).1.starts_with(SEALED_PREFIX), "{url}");
 }
 
 #[tokio::test]

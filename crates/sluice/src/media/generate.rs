@@ -8,7 +8,8 @@
 //! no more than `/proxy/stream?api_password=` already says (403 or not), one guess per request,
 //! compared in constant time (`auth::Auth::check`), and counted as a wrong one against the
 //! client's network as the gate's are (`auth::guesses`: past the limit, 429). Only for a URL on
-//! this server (`mediaflow_proxy_url` naming the host and port the request came to): a link for
+//! this server (`mediaflow_proxy_url` naming the host and port the request came to, or, from a
+//! trusted front proxy, the host it says the client asked for: `reached_host`): a link for
 //! another MediaFlow server, with that server's password, is MediaFlow's token with nothing
 //! compared, so it is never a guess (`this_server`).
 //!
@@ -24,7 +25,7 @@ use std::time::Duration;
 
 use crate::body::Incoming;
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use serde::Serialize;
 use sluice_media::generate::SealPlan;
 use sluice_media::{b64url, generate};
@@ -72,6 +73,9 @@ pub async fn handle(
     let method = req.method().clone();
     // Dispatch's handle to the wrong-password limit (`auth::guesses`), taken before the body.
     let attempt = req.extensions().get::<Attempt>().cloned();
+    // The peer is trusted as it is for the client's address (`auth.trusted_proxies`).
+    let trusted = keys.load().auth.is_trusted(ctx.peer.ip());
+    let host = reached_host(req.headers(), ctx.host.as_deref(), trusted);
     match ctx.path.as_str() {
         "/base64/check" => Ok(json_response(&b64url::check_response(
             ctx.query.get("url").unwrap_or(""),
@@ -100,7 +104,7 @@ pub async fn handle(
             let now = token::now();
             let response = match own_gate(
                 keys,
-                this_server(&request.mediaflow_proxy_url, ctx),
+                this_server(&request.mediaflow_proxy_url, host.as_deref()),
                 request.api_password.as_deref(),
                 attempt.as_ref(),
             )? {
@@ -121,7 +125,7 @@ pub async fn handle(
             let now = token::now();
             let response = match own_gate(
                 keys,
-                this_server(&request.mediaflow_proxy_url, ctx),
+                this_server(&request.mediaflow_proxy_url, host.as_deref()),
                 request.api_password.as_deref(),
                 attempt.as_ref(),
             )? {
@@ -174,12 +178,12 @@ fn own_gate(
 }
 
 /// Whether `base` (a request's `mediaflow_proxy_url`) is this server as the client reached it:
-/// an `http` or `https` URL whose host is the request's `Host` (or HTTP/2 authority), and whose
-/// port is the one `Host` names or, when `Host` names none (the scheme's default port, which a
-/// TLS front proxy may have changed), its scheme's default too. Anything unsure (no `Host`, a
-/// base that does not parse, another scheme) is another server: no password is compared for it.
-fn this_server(base: &str, ctx: &RequestContext) -> bool {
-    let (Ok(url), Some(host)) = (url::Url::parse(base.trim()), ctx.host.as_deref()) else {
+/// an `http` or `https` URL whose host is `host` ([`reached_host`]), and whose port is the one
+/// `host` names or, when it names none (the scheme's default port, which a TLS front proxy may
+/// have changed), its scheme's default too. Anything unsure (no host, a base that does not
+/// parse, another scheme) is another server: no password is compared for it.
+fn this_server(base: &str, host: Option<&str>) -> bool {
+    let (Ok(url), Some(host)) = (url::Url::parse(base.trim()), host) else {
         return false;
     };
     let Ok(authority) = host.parse::<http::uri::Authority>() else {
@@ -193,6 +197,52 @@ fn this_server(base: &str, ctx: &RequestContext) -> bool {
         None => url.port().is_none(),
     };
     matches!(url.scheme(), "http" | "https") && same_host && same_port
+}
+
+/// The host the client asked for: the request's `Host` (or HTTP/2 authority), `host`; or, when
+/// the peer is a `trusted` front proxy, the one it forwards: `X-Forwarded-Host`, or `host=` in
+/// `Forwarded` (RFC 7239), which such a proxy sets when it rewrites `Host` to reach this server.
+/// Every host those fields name must be the same (case aside): fields that disagree (a client's
+/// own value passed on beside the proxy's) or do not parse leave the host unknown (`None`), and
+/// the link is then another server's. From a peer that is not trusted they are not read.
+fn reached_host(headers: &HeaderMap, host: Option<&str>, trusted: bool) -> Option<String> {
+    if !trusted {
+        return host.map(str::to_string);
+    }
+    let mut named: Vec<&str> = Vec::new();
+    for line in headers.get_all("x-forwarded-host") {
+        let line = line.to_str().ok()?;
+        named.extend(line.split(',').map(str::trim));
+    }
+    for line in headers.get_all(header::FORWARDED) {
+        for element in crate::auth::split_unquoted(line.to_str().ok()?, b',')? {
+            for pair in crate::auth::split_unquoted(element, b';')? {
+                let pair = pair.trim();
+                if pair.is_empty() {
+                    continue;
+                }
+                let (name, value) = pair.split_once('=')?;
+                if name.trim().eq_ignore_ascii_case("host") {
+                    let value = value.trim();
+                    let value = match value.strip_prefix('"') {
+                        Some(quoted) => quoted.strip_suffix('"')?,
+                        None => value,
+                    };
+                    named.push(value);
+                }
+            }
+        }
+    }
+    let Some(first) = named.first() else {
+        return host.map(str::to_string);
+    };
+    let readable = |h: &&str| {
+        !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    };
+    (named.iter().all(readable) && named.iter().all(|h| h.eq_ignore_ascii_case(first)))
+        .then(|| first.to_string())
 }
 
 /// The planned URL under a sealed token that opens its one path (nothing when it has none), with
@@ -321,18 +371,6 @@ mod tests {
     use http_body_util::StreamBody;
     use tokio::time::Instant;
 
-    fn ctx(host: Option<&str>) -> RequestContext {
-        RequestContext {
-            peer: "127.0.0.1:1".parse().unwrap(),
-            client_ip: std::net::Ipv4Addr::LOCALHOST.into(),
-            query: sluice_media::query::Query::parse(""),
-            path: "/generate_url".into(),
-            host: host.map(str::to_string),
-            secure: false,
-            token: None,
-        }
-    }
-
     /// Only a URL naming the host and port the client reached is this server's; anything else,
     /// or anything unsure, is another MediaFlow server's (its password is not compared).
     #[test]
@@ -346,7 +384,7 @@ mod tests {
             ("https://proxy.example/", "proxy.example:443"),
             ("http://[::1]:8888", "[::1]:8888"),
         ] {
-            assert!(this_server(base, &ctx(Some(host))), "{base} at {host}");
+            assert!(this_server(base, Some(host)), "{base} at {host}");
         }
         for (base, host) in [
             ("https://other.example", Some("proxy.example")),
@@ -359,8 +397,81 @@ mod tests {
             ("http://proxy.example", None),
             ("http://proxy.example", Some("bad host/")),
         ] {
-            assert!(!this_server(base, &ctx(host)), "{base} at {host:?}");
+            assert!(!this_server(base, host), "{base} at {host:?}");
         }
+    }
+
+    /// A trusted front proxy's forwarded host is the one the client asked for; a peer that is not
+    /// trusted has its fields ignored; fields that disagree or do not parse leave it unknown.
+    #[test]
+    fn the_forwarded_host_counts_only_from_a_trusted_proxy_and_only_when_sure() {
+        let reached = |fields: &[(&str, &str)], trusted: bool| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in fields {
+                headers.append(
+                    http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            reached_host(&headers, Some("backend:8888"), trusted)
+        };
+        let public = Some("proxy.example".to_string());
+        let xfh = [("x-forwarded-host", "proxy.example")];
+        assert_eq!(reached(&xfh, true), public);
+        assert_eq!(reached(&xfh, false).as_deref(), Some("backend:8888"));
+        assert_eq!(reached(&[], true).as_deref(), Some("backend:8888"));
+        for forwarded in [
+            "for=203.0.113.7;host=proxy.example;proto=https",
+            "for=203.0.113.7;HOST=\"proxy.example\"",
+            "for=\"[2001:db8::1]:4711\";host=proxy.example, for=10.0.0.2",
+        ] {
+            assert_eq!(
+                reached(&[("forwarded", forwarded)], true),
+                public,
+                "{forwarded}"
+            );
+            assert_eq!(
+                reached(&[("forwarded", forwarded)], false).as_deref(),
+                Some("backend:8888")
+            );
+        }
+        assert_eq!(
+            reached(&[("forwarded", "host=\"proxy.example:8443\"")], true).as_deref(),
+            Some("proxy.example:8443")
+        );
+        // Both fields, the same host (case aside): that host.
+        assert_eq!(
+            reached(
+                &[
+                    ("x-forwarded-host", "proxy.example"),
+                    ("forwarded", "host=PROXY.example")
+                ],
+                true
+            ),
+            public
+        );
+        for unsure in [
+            vec![("x-forwarded-host", "evil.example, proxy.example")],
+            vec![
+                ("x-forwarded-host", "proxy.example"),
+                ("x-forwarded-host", "evil.example"),
+            ],
+            vec![
+                ("x-forwarded-host", "proxy.example"),
+                ("forwarded", "host=evil.example"),
+            ],
+            vec![("x-forwarded-host", "")],
+            vec![("forwarded", "host=\"proxy.example")],
+            vec![("forwarded", "host=\"a\\\"b\"")],
+            vec![("forwarded", "host")],
+        ] {
+            assert_eq!(reached(&unsure, true), None, "{unsure:?}");
+        }
+        // A `Forwarded` naming no host leaves `Host`.
+        assert_eq!(
+            reached(&[("forwarded", "for=203.0.113.7;proto=https")], true).as_deref(),
+            Some("backend:8888")
+        );
     }
 
     /// `/generate_urls` and the other JSON endpoints are open without a password: a body that

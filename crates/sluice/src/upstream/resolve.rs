@@ -2,21 +2,46 @@
 //! TTL), `/etc/hosts` first, and `localhost` answered locally as RFC 6761 asks. Without the `dns`
 //! feature (the router build) names go to the C library's resolver on the blocking pool, at most
 //! [`MAX_FALLBACK_LOOKUPS`] at once (others wait for a place).
+//!
+//! `/etc/hosts` is read again when its modification time or length changes, so a name an operator
+//! adds there is used without a restart: a lookup at most every [`HOSTS_CHECK_EVERY`] finds the
+//! check due (an atomic compare, no system call) and starts it on the blocking pool without
+//! waiting for it; lookups go on with the hosts they have until the new ones are in. (The C
+//! library's resolver reads the file at each lookup itself.)
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+#[cfg(feature = "dns")]
+use std::path::PathBuf;
+#[cfg(feature = "dns")]
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(feature = "dns")]
+use std::sync::{Arc, Mutex};
+#[cfg(feature = "dns")]
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::Semaphore;
 
 #[cfg(feature = "dns")]
+use arc_swap::ArcSwap;
+#[cfg(feature = "dns")]
 use hickory_resolver::{
     config::{LookupIpStrategy, ResolveHosts},
-    TokioResolver,
+    Hosts, ResolverBuilder, TokioResolver,
 };
 
 /// Records the resolver cache keeps; each answer expires with its own TTL.
 #[cfg(feature = "dns")]
 const CACHE_RECORDS: usize = 4096;
+
+/// The hosts file the resolver answers from before DNS.
+#[cfg(feature = "dns")]
+const HOSTS_PATH: &str = "/etc/hosts";
+
+/// How often the hosts file is looked at for a change, at most: one `stat` per this, not per
+/// lookup.
+#[cfg(feature = "dns")]
+const HOSTS_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// C library lookups under way at once, over the process. Each holds a blocking-pool thread until
 /// the C resolver gives up (tens of seconds against a silent DNS server), and a request's deadline
@@ -75,7 +100,172 @@ async fn fallback_lookup(host: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
 #[derive(Clone)]
 pub struct Resolver {
     #[cfg(feature = "dns")]
-    dns: Option<TokioResolver>,
+    dns: Option<Arc<Dns>>,
+}
+
+/// The DNS resolver with the hosts file it answers from first, read again when it changes.
+#[cfg(feature = "dns")]
+struct Dns {
+    /// Swapped whole for a copy with the new hosts when the file changes; the copies share one
+    /// cache and one set of connections.
+    resolver: ArcSwap<TokioResolver>,
+    hosts: HostsFile,
+}
+
+/// Where the hosts file is, what of it was read last, and when to look at it again.
+#[cfg(feature = "dns")]
+struct HostsFile {
+    path: PathBuf,
+    every: Duration,
+    /// The clock's zero for [`HostsFile::due`].
+    epoch: tokio::time::Instant,
+    /// When the next check is due, in milliseconds from `epoch`.
+    due: AtomicU64,
+    /// A check is under way: no second one starts beside it.
+    checking: AtomicBool,
+    /// The file as last read (`None`: there was none, or it could not be opened).
+    seen: Mutex<Option<Stamp>>,
+    /// Checks made (each one `stat`), for tests.
+    checks: AtomicU64,
+}
+
+/// What tells a hosts file's versions apart.
+#[cfg(feature = "dns")]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Stamp {
+    modified: Option<SystemTime>,
+    len: u64,
+}
+
+#[cfg(feature = "dns")]
+impl HostsFile {
+    /// Reads `path` now (at start, as the resolver's builder would have), to check every `every`.
+    fn load(path: PathBuf, every: Duration) -> (HostsFile, Hosts) {
+        let (seen, hosts) = read_hosts(&path);
+        let file = HostsFile {
+            path,
+            every,
+            epoch: tokio::time::Instant::now(),
+            due: AtomicU64::new(every.as_millis() as u64),
+            checking: AtomicBool::new(false),
+            seen: Mutex::new(seen),
+            checks: AtomicU64::new(0),
+        };
+        (file, hosts.unwrap_or_default())
+    }
+
+    /// Whether a check is due, and if so claims it (one caller of many): an atomic compare on the
+    /// poll's cached clock, nothing more, on every lookup.
+    fn due(&self) -> bool {
+        let now = crate::runtime::recent::recent()
+            .saturating_duration_since(self.epoch)
+            .as_millis() as u64;
+        let due = self.due.load(Ordering::Relaxed);
+        now >= due
+            && self
+                .due
+                .compare_exchange(
+                    due,
+                    now.saturating_add(self.every.as_millis() as u64),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+            && !self.checking.swap(true, Ordering::Acquire)
+    }
+}
+
+#[cfg(feature = "dns")]
+impl Dns {
+    fn new(resolver: TokioResolver, path: PathBuf, every: Duration) -> Dns {
+        let (hosts, read) = HostsFile::load(path, every);
+        let mut resolver = resolver;
+        resolver.set_hosts(Arc::new(read));
+        Dns {
+            resolver: ArcSwap::from_pointee(resolver),
+            hosts,
+        }
+    }
+
+    /// Starts a check of the hosts file when one is due; the caller does not wait for it.
+    fn refresh_if_due(self: &Arc<Self>) {
+        if self.hosts.due() {
+            let dns = self.clone();
+            tokio::spawn(async move { dns.check().await });
+        }
+    }
+
+    /// Looks at the hosts file on the blocking pool and, when its modification time or length
+    /// changed, reads it and answers from it from then on.
+    async fn check(self: Arc<Self>) {
+        /// Lets the next check start however this one ends (its task dropped with its runtime).
+        struct Done<'a>(&'a AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _done = Done(&self.hosts.checking);
+        let dns = self.clone();
+        let job = tokio::task::spawn_blocking(move || {
+            let hosts = &dns.hosts;
+            hosts.checks.fetch_add(1, Ordering::Relaxed);
+            let seen = *hosts.seen.lock().unwrap_or_else(|e| e.into_inner());
+            if stamp_of(&hosts.path) == seen {
+                return None;
+            }
+            let (stamp, read) = read_hosts(&hosts.path);
+            Some((stamp, read?))
+        })
+        .await;
+        if let Ok(Some((stamp, read))) = job {
+            let mut resolver = TokioResolver::clone(&self.resolver.load());
+            resolver.set_hosts(Arc::new(read));
+            self.resolver.store(Arc::new(resolver));
+            *self.hosts.seen.lock().unwrap_or_else(|e| e.into_inner()) = stamp;
+            tracing::info!(path = %self.hosts.path.display(), "hosts file changed; read again");
+        }
+    }
+}
+
+#[cfg(all(test, feature = "dns"))]
+impl Dns {
+    /// Claims a due check and runs it to its end.
+    async fn check_if_claimed(self: Arc<Self>) {
+        assert!(self.hosts.due(), "a check is due");
+        self.check().await;
+    }
+}
+
+/// The hosts file's stamp now, without reading it.
+#[cfg(feature = "dns")]
+fn stamp_of(path: &std::path::Path) -> Option<Stamp> {
+    std::fs::metadata(path).ok().map(|m| Stamp {
+        modified: m.modified().ok(),
+        len: m.len(),
+    })
+}
+
+/// The hosts file's stamp and its entries, both from the one open file; no file is no entries.
+/// `None` entries when it could be opened but not read (the previous ones are kept, and it is
+/// read again at the next check).
+#[cfg(feature = "dns")]
+fn read_hosts(path: &std::path::Path) -> (Option<Stamp>, Option<Hosts>) {
+    let Ok(file) = std::fs::File::open(path) else {
+        return (None, Some(Hosts::default()));
+    };
+    let stamp = file.metadata().ok().map(|m| Stamp {
+        modified: m.modified().ok(),
+        len: m.len(),
+    });
+    let mut hosts = Hosts::default();
+    match hosts.read_hosts_conf(file) {
+        Ok(()) => (stamp, Some(hosts)),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the hosts file");
+            (stamp, None)
+        }
+    }
 }
 
 impl Resolver {
@@ -87,13 +277,11 @@ impl Resolver {
     #[cfg(feature = "dns")]
     pub fn from_system() -> Self {
         let dns = match TokioResolver::builder_tokio() {
-            Ok(mut builder) => {
-                let opts = builder.options_mut();
-                opts.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
-                opts.use_hosts_file = ResolveHosts::Always;
-                opts.cache_size = CACHE_RECORDS;
-                Some(builder.build())
-            }
+            Ok(builder) => Some(Arc::new(Dns::new(
+                build(builder),
+                PathBuf::from(HOSTS_PATH),
+                HOSTS_CHECK_EVERY,
+            ))),
             Err(e) => {
                 tracing::warn!(error = %e, "no system DNS configuration; using getaddrinfo");
                 None
@@ -117,6 +305,7 @@ impl Resolver {
         #[cfg(feature = "dns")]
         let addrs: Vec<SocketAddr> = match &self.dns {
             Some(dns) => dns
+                .answer()
                 .lookup_ip(host)
                 .await
                 .map_err(|e| plain(&e))?
@@ -132,6 +321,27 @@ impl Resolver {
         }
         Ok(addrs)
     }
+}
+
+#[cfg(feature = "dns")]
+impl Dns {
+    /// The resolver for one lookup, starting a check of the hosts file when one is due.
+    fn answer(self: &Arc<Self>) -> Arc<TokioResolver> {
+        self.refresh_if_due();
+        self.resolver.load_full()
+    }
+}
+
+/// The resolver `builder` makes with sluice's options; the hosts file is [`Dns`]'s to read.
+#[cfg(feature = "dns")]
+fn build(
+    mut builder: ResolverBuilder<hickory_resolver::name_server::TokioConnectionProvider>,
+) -> TokioResolver {
+    let opts = builder.options_mut();
+    opts.ip_strategy = LookupIpStrategy::Ipv4AndIpv6;
+    opts.use_hosts_file = ResolveHosts::Never;
+    opts.cache_size = CACHE_RECORDS;
+    builder.build()
 }
 
 /// A resolver failure in words a user reads: the resolver's own text is a debug dump of the
@@ -177,6 +387,85 @@ mod tests {
         let local = r.lookup("LocalHost.", 82).await.unwrap();
         assert!(local.contains(&"127.0.0.1:82".parse().unwrap()));
         assert!(local.iter().all(|a| a.ip().is_loopback()));
+    }
+
+    /// A name added to the hosts file (or moved to another address) is answered from the new file
+    /// once a check is due, without a restart; until then lookups neither look at the file nor
+    /// wait for it. Before, the file was read once, when the resolver was built.
+    #[cfg(feature = "dns")]
+    #[tokio::test]
+    async fn the_hosts_file_is_read_again_when_it_changes() {
+        use hickory_resolver::config::ResolverConfig;
+        use hickory_resolver::name_server::TokioConnectionProvider;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hosts");
+        std::fs::write(&path, "192.0.2.1 upstream.test\n").unwrap();
+        // No name servers: a name the file does not hold fails, without the network.
+        let builder = TokioResolver::builder_with_config(
+            ResolverConfig::new(),
+            TokioConnectionProvider::default(),
+        );
+        let dns = Arc::new(Dns::new(
+            build(builder),
+            path.clone(),
+            Duration::from_secs(3600),
+        ));
+        let r = Resolver {
+            dns: Some(dns.clone()),
+        };
+        let ip = |a: io::Result<Vec<SocketAddr>>| a.ok().map(|a| a[0].ip().to_string());
+        assert_eq!(
+            ip(r.lookup("upstream.test", 80).await).as_deref(),
+            Some("192.0.2.1")
+        );
+        assert!(r.lookup("added.test", 80).await.is_err());
+        std::fs::write(
+            &path,
+            "192.0.2.2 upstream.test\n# an operator's edit\n192.0.2.3 added.test\n",
+        )
+        .unwrap();
+        // Before a check is due: the hosts read at start, and not one look at the file.
+        for _ in 0..100 {
+            assert_eq!(
+                ip(r.lookup("upstream.test", 80).await).as_deref(),
+                Some("192.0.2.1")
+            );
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(dns.hosts.checks.load(Ordering::Relaxed), 0);
+        // Once due, a lookup starts the check (it does not wait for it); later ones see the file.
+        dns.hosts.due.store(0, Ordering::Relaxed);
+        let mut answer = None;
+        for _ in 0..500 {
+            answer = ip(r.lookup("added.test", 80).await);
+            if answer.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(answer.as_deref(), Some("192.0.2.3"));
+        assert_eq!(
+            ip(r.lookup("upstream.test", 80).await).as_deref(),
+            Some("192.0.2.2")
+        );
+        // One check, and the next is an interval away however many lookups come.
+        for _ in 0..100 {
+            r.lookup("upstream.test", 80).await.unwrap();
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(dns.hosts.checks.load(Ordering::Relaxed), 1);
+        // A check that finds the file as it was reads nothing again; a name taken out is gone.
+        dns.hosts.due.store(0, Ordering::Relaxed);
+        dns.clone().check_if_claimed().await;
+        assert_eq!(dns.hosts.checks.load(Ordering::Relaxed), 2);
+        std::fs::write(&path, "192.0.2.2 upstream.test\n").unwrap();
+        dns.hosts.due.store(0, Ordering::Relaxed);
+        dns.clone().check_if_claimed().await;
+        assert!(r.lookup("added.test", 80).await.is_err());
+        assert_eq!(
+            ip(r.lookup("upstream.test", 80).await).as_deref(),
+            Some("192.0.2.2")
+        );
     }
 
     /// Lookups whose callers gave up still hold their places until their threads end, and one
