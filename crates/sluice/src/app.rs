@@ -559,10 +559,11 @@ pub fn build_routing(
         cache.map(|c| (c.clone(), config.cache.policy())),
         crate::runtime::pools(config.server.runtime, config.server.threads),
     )?
-    .with_tunnels(match old {
-        Some(o) if o.tunnels().same_bounds(&config.server) => o.tunnels().clone(),
-        _ => Arc::new(crate::reverse::tunnel::Tunnels::for_server(&config.server)),
-    });
+    // A reload's bounds count the tunnels open under the old ones.
+    .with_tunnels(Arc::new(match old {
+        Some(o) => o.tunnels().reloaded(&config.server),
+        None => crate::reverse::tunnel::Tunnels::for_server(&config.server),
+    }));
     Routing::new(
         reverse,
         &config.endpoints,

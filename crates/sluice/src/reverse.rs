@@ -133,8 +133,8 @@ pub struct Reverse {
     access_log: Option<access_log::AccessLog>,
     /// The process's slice cache (one for the process, it outlives reloads).
     cache: Option<crate::cache::Cache>,
-    /// The bounds on open tunnels (the server's per-client share and descriptor budget), kept
-    /// over a reload that does not change them.
+    /// The bounds on open tunnels (the server's per-client share and descriptor budget), over
+    /// counts a reload keeps ([`tunnel::Tunnels::reloaded`]).
     tunnels: Arc<tunnel::Tunnels>,
 }
 

@@ -943,6 +943,74 @@ async fn http2_tunnels_hold_places_in_their_clients_share() {
     echoes_h2(&mut held[0]).await;
 }
 
+/// Findings: tunnels took their per-client bound from `max_connections_per_ip`, so a site
+/// allowing thousands of connections per office address allowed as many long-lived tunnels; and
+/// a reload that changed the bounds started their counts at zero, so a client holding its share
+/// got a whole new share on top after each one. `server.max_tunnels_per_ip` bounds tunnels on
+/// its own (here 2 under a connection share of 2,000), and a reload's bounds count the tunnels
+/// open: raised to 3 it lets in one more, not three; lowered to 1 it refuses new ones while the
+/// open ones go on. (Clients named by `X-Forwarded-For` from a trusted proxy, all on one HTTP/2
+/// connection, so the connection limits play no part.)
+#[tokio::test]
+async fn a_reload_that_changes_the_tunnel_share_counts_the_tunnels_open() {
+    let (o, seen) = ws_echo_origin().await;
+    let mut c = route_to(o);
+    c.routes[0].idle_timeout_secs = 30;
+    c.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    c.server.max_connections_per_ip = 2000;
+    c.server.max_tunnels_per_ip = Some(2);
+    let p = Proxy::start(c.clone()).await;
+    let mut send = h2_client(p.addr).await;
+    // The server's SETTINGS (ENABLE_CONNECT_PROTOCOL) first.
+    send.ready().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let client = "203.0.113.7";
+    let mut held = Vec::new();
+    for i in 0..2 {
+        match h2_websocket(&mut send, client).await {
+            Ok(io) => held.push(io),
+            Err(status) => panic!("tunnel {i} of a share of 2 refused: {status}"),
+        }
+    }
+    assert_eq!(
+        h2_websocket(&mut send, client).await.err(),
+        Some(StatusCode::TOO_MANY_REQUESTS),
+        "a third tunnel opened under max_tunnels_per_ip = 2"
+    );
+    c.server.max_tunnels_per_ip = Some(3);
+    p.app.reload(&c).unwrap();
+    held.push(
+        h2_websocket(&mut send, client)
+            .await
+            .expect("a third tunnel under a share raised to 3"),
+    );
+    assert_eq!(
+        h2_websocket(&mut send, client).await.err(),
+        Some(StatusCode::TOO_MANY_REQUESTS),
+        "a fourth tunnel opened under a share of 3: the reload forgot the tunnels open"
+    );
+    c.server.max_tunnels_per_ip = Some(1);
+    p.app.reload(&c).unwrap();
+    assert_eq!(
+        h2_websocket(&mut send, client).await.err(),
+        Some(StatusCode::TOO_MANY_REQUESTS),
+        "a tunnel opened under a share lowered to 1 while 3 are open"
+    );
+    for io in &mut held {
+        echoes_h2(io).await;
+    }
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        3,
+        "a refused tunnel was dialled"
+    );
+    // Another client still gets its one.
+    let mut other = h2_websocket(&mut send, "203.0.113.8")
+        .await
+        .expect("another client's tunnel");
+    echoes_h2(&mut other).await;
+}
+
 /// Finding: an `Upgrade: websocket` on an HTTP/1.0 request was honoured (HTTP/1.0 has no
 /// Upgrade, RFC 9110 section 7.8): the origin was asked to switch. It goes on as the plain
 /// request it is, its `Upgrade` and `Connection` dropped.

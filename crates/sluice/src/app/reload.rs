@@ -57,6 +57,7 @@ pub const LIVE_KEYS: &[&str] = &[
     "server.tls_cert",
     "server.tls_key",
     "server.certificates",
+    "server.max_tunnels_per_ip",
     "cache.purge_key",
     "cache.purge_allow",
 ];
@@ -319,5 +320,21 @@ mod tests {
         assert!(!is_live("server.idle_timeout_secs", LIVE_KEYS));
         assert!(!is_live("authx", &["auth"]));
         assert!(is_live("cache.memory_bytes", &["cache"]));
+    }
+
+    /// Setting, changing or unsetting `server.max_tunnels_per_ip` is a change a reload applies
+    /// (the routes take it, over the tunnels open).
+    #[test]
+    fn the_tunnel_share_is_live() {
+        let a = Config::default();
+        let mut b = a.clone();
+        b.server.max_tunnels_per_ip = Some(50);
+        let mut c = b.clone();
+        c.server.max_tunnels_per_ip = Some(0);
+        for (x, y) in [(&a, &b), (&b, &c), (&c, &a)] {
+            let changed = changed_keys(&flatten(x), &flatten(y));
+            assert_eq!(changed, ["server.max_tunnels_per_ip"]);
+            assert!(is_live(&changed[0], LIVE_KEYS));
+        }
     }
 }

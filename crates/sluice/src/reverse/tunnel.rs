@@ -1,12 +1,14 @@
 //! Upgraded connections (WebSocket over HTTP/1.1 Upgrade or HTTP/2 extended CONNECT): bytes copied
 //! both ways until either side closes or nothing moves for the idle timeout; each open tunnel holds
-//! a place in its client's share of tunnels and in the process's ([`Tunnels`]).
+//! a place in its client's share of tunnels and in the process's ([`Tunnels`]), kept over a
+//! reload.
 
+use std::collections::HashMap;
 use std::io;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -16,20 +18,40 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 use tokio_util::either::Either;
 
+use crate::net::per_ip::{network_of, release, site_of, SHARES_PER_48};
+
 /// The bounds on open tunnels: each holds an upstream socket for as long as it lasts, and an
 /// HTTP/2 (or HTTP/3) connection carries up to `h2_max_concurrent_streams` of them, so the
 /// connection limits alone let one address hold 256 connections × 100 streams = 25,600 upstream
 /// sockets while `max_connections` counted 256. A tunnel therefore takes a place in its client's
-/// share (`net::per_ip`, the mechanism `max_connections_per_ip` counts connections with, by the
-/// same share and exemptions) and one of the process's (the descriptor budget `max_connections`
-/// comes from), before its upstream is dialled.
+/// share (`max_tunnels_per_ip`, by default `max_connections_per_ip`, counted as connections are
+/// and with the same exemptions) and one of the process's (the descriptor budget
+/// `max_connections` comes from), before its upstream is dialled.
+///
+/// The bounds belong to one config; the counts to the process: a reload makes new bounds over
+/// the same counts ([`Tunnels::reloaded`]), so the tunnels open keep their places under them.
 pub struct Tunnels {
-    per_client: Arc<crate::net::per_ip::PerIp>,
-    open: Arc<AtomicUsize>,
+    counts: Arc<Counts>,
+    per_client: usize,
+    exempt: Vec<ipnet::IpNet>,
     max_open: usize,
-    /// The server settings these bounds were made from (`max_connections_per_ip`,
-    /// `per_ip_exempt`, `max_connections`): a reload that keeps them keeps the counts.
-    made_from: (usize, Vec<ipnet::IpNet>, usize),
+}
+
+/// The tunnels open, over the process and by client, shared by every reload of the bounds.
+/// (`net::per_ip::PerIp` counts the same way, but its share is fixed when it is made: a new
+/// share there is a new count, which forgot the tunnels open.)
+#[derive(Debug, Default)]
+struct Counts {
+    open: AtomicUsize,
+    held: Mutex<Held>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    /// Counted tunnels by client (an IPv4 address, an IPv6 /64); an entry leaves at zero.
+    by_client: HashMap<IpAddr, usize>,
+    /// Counted tunnels by IPv6 /48, against [`SHARES_PER_48`] shares; an entry leaves at zero.
+    by_48: HashMap<Ipv6Addr, usize>,
 }
 
 /// Why a tunnel was not opened.
@@ -44,13 +66,22 @@ pub enum Refused {
 /// One open tunnel's places (its client's and the process's), given back when dropped.
 #[derive(Debug)]
 pub struct Place {
-    _client: Option<crate::net::per_ip::IpPlace>,
-    open: Arc<AtomicUsize>,
+    counts: Arc<Counts>,
+    /// The client (and IPv6 /48) it is counted under; `None` when it was taken exempt or with
+    /// no per-client bound, and so is counted in the process's cap only.
+    client: Option<(IpAddr, Option<Ipv6Addr>)>,
 }
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::AcqRel);
+        if let Some((client, site)) = &self.client {
+            let mut held = self.counts.held.lock().unwrap_or_else(|e| e.into_inner());
+            release(&mut held.by_client, client);
+            if let Some(site) = site {
+                release(&mut held.by_48, site);
+            }
+        }
+        self.counts.open.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -60,18 +91,19 @@ impl Tunnels {
     /// `max_open` over the process (0: no limit).
     pub fn new(per_client: usize, exempt: Vec<ipnet::IpNet>, max_open: usize) -> Tunnels {
         Tunnels {
-            made_from: (per_client, exempt.clone(), max_open),
-            per_client: crate::net::per_ip::PerIp::by_network(per_client, exempt),
-            open: Arc::new(AtomicUsize::new(0)),
+            counts: Arc::default(),
+            per_client,
+            exempt,
             max_open,
         }
     }
 
-    /// The bounds a server config sets: `max_connections_per_ip` and `per_ip_exempt` for each
-    /// client, and `max_connections` (by default the descriptor budget) over the process.
+    /// The bounds a server config sets: `max_tunnels_per_ip` (by default
+    /// `max_connections_per_ip`) and `per_ip_exempt` for each client, and `max_connections` (by
+    /// default the descriptor budget) over the process.
     pub fn for_server(config: &crate::server::config::ServerConfig) -> Tunnels {
-        let mut t = Tunnels::new(
-            config.max_connections_per_ip,
+        Tunnels::new(
+            config.tunnels_per_ip(),
             config.per_ip_exempt.clone(),
             match config.max_connections {
                 0 => crate::server::listener::connections_for_fd_limit(
@@ -79,44 +111,58 @@ impl Tunnels {
                 ),
                 n => n,
             },
-        );
-        t.made_from.2 = config.max_connections;
-        t
+        )
     }
 
-    /// Whether `config` sets the bounds these were made from (a reload keeps them, and the
-    /// tunnels they count).
-    pub fn same_bounds(&self, config: &crate::server::config::ServerConfig) -> bool {
-        self.made_from
-            == (
-                config.max_connections_per_ip,
-                config.per_ip_exempt.clone(),
-                config.max_connections,
-            )
+    /// The bounds `config` sets over the tunnels these count, for a reload: the tunnels open
+    /// keep their places, and a client holding more than a lowered bound is refused until it
+    /// holds fewer (its open tunnels are not cut). A tunnel counts under the bounds it was
+    /// opened with: one opened exempt is not counted until it ends.
+    pub fn reloaded(&self, config: &crate::server::config::ServerConfig) -> Tunnels {
+        Tunnels {
+            counts: self.counts.clone(),
+            ..Tunnels::for_server(config)
+        }
     }
 
     /// Takes a place for a tunnel of `client`'s.
     pub fn take(&self, client: IpAddr) -> Result<Place, Refused> {
-        let taken = self.open.fetch_add(1, Ordering::AcqRel);
+        let taken = self.counts.open.fetch_add(1, Ordering::AcqRel);
+        // Gives the process's place back if refused below.
+        let mut place = Place {
+            counts: self.counts.clone(),
+            client: None,
+        };
         if self.max_open > 0 && taken >= self.max_open {
-            self.open.fetch_sub(1, Ordering::AcqRel);
             return Err(Refused::Full);
         }
-        match self.per_client.take(client) {
-            Some(place) => Ok(Place {
-                _client: place,
-                open: self.open.clone(),
-            }),
-            None => {
-                self.open.fetch_sub(1, Ordering::AcqRel);
-                Err(Refused::Client)
-            }
+        let ip = client.to_canonical();
+        if self.per_client == 0 || self.exempt.iter().any(|n| n.contains(&ip)) {
+            return Ok(place);
         }
+        let (key, site) = (network_of(ip), site_of(ip));
+        let mut held = self.counts.held.lock().unwrap_or_else(|e| e.into_inner());
+        let Held { by_client, by_48 } = &mut *held;
+        let full = by_client.get(&key).is_some_and(|&n| n >= self.per_client)
+            || site.is_some_and(|site| {
+                by_48
+                    .get(&site)
+                    .is_some_and(|&n| n >= self.per_client.saturating_mul(SHARES_PER_48))
+            });
+        if full {
+            return Err(Refused::Client);
+        }
+        *by_client.entry(key).or_insert(0) += 1;
+        if let Some(site) = site {
+            *by_48.entry(site).or_insert(0) += 1;
+        }
+        place.client = Some((key, site));
+        Ok(place)
     }
 
     /// Tunnels open now.
     pub fn open(&self) -> usize {
-        self.open.load(Ordering::Acquire)
+        self.counts.open.load(Ordering::Acquire)
     }
 }
 
@@ -278,5 +324,43 @@ mod tests {
         assert_eq!(free.open(), 1000);
         drop(held);
         assert_eq!(free.open(), 0);
+    }
+
+    /// A reload's bounds count the tunnels open under the old ones: a raised share lets in only
+    /// the difference, a lowered one refuses until the client holds fewer (its open tunnels
+    /// stay), a lowered process cap counts every tunnel open, and the places taken under the old
+    /// bounds come back to the shared count. Before, a reload that changed the bounds started
+    /// from zero: a client holding its share got a whole new one on top.
+    #[test]
+    fn a_reload_counts_the_tunnels_open() {
+        let server = |per_ip: Option<usize>, max: usize| crate::server::config::ServerConfig {
+            max_connections_per_ip: 3,
+            max_tunnels_per_ip: per_ip,
+            max_connections: max,
+            ..Default::default()
+        };
+        let first = Tunnels::for_server(&server(Some(2), 100));
+        let client = ip("192.0.2.1");
+        let held = [first.take(client).unwrap(), first.take(client).unwrap()];
+        assert_eq!(first.take(client).unwrap_err(), Refused::Client);
+        // Raised to 3 (the key unset: max_connections_per_ip): one more, not three.
+        let raised = first.reloaded(&server(None, 100));
+        let third = raised.take(client).unwrap();
+        assert_eq!(raised.take(client).unwrap_err(), Refused::Client);
+        assert_eq!(raised.open(), 3);
+        // Lowered to 1: refused until fewer than 1 are open, none cut.
+        let lowered = raised.reloaded(&server(Some(1), 100));
+        assert_eq!(lowered.take(client).unwrap_err(), Refused::Client);
+        drop(held);
+        assert_eq!(lowered.take(client).unwrap_err(), Refused::Client);
+        drop(third);
+        let one = lowered.take(client).unwrap();
+        // A process cap of 2 counts the tunnels of every client open.
+        let capped = lowered.reloaded(&server(Some(0), 2));
+        let other = capped.take(ip("198.51.100.1")).unwrap();
+        assert_eq!(capped.take(ip("198.51.100.2")).unwrap_err(), Refused::Full);
+        drop((one, other));
+        assert_eq!(capped.open(), 0);
+        assert!(capped.counts.held.lock().unwrap().by_client.is_empty());
     }
 }

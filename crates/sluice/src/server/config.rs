@@ -45,6 +45,13 @@ pub struct ServerConfig {
     /// connection from that IP is closed at once, so one client cannot take every slot of
     /// `max_connections` from everyone else.
     pub max_connections_per_ip: usize,
+    /// WebSocket tunnels one client may hold open at once through reverse routes (0 = no limit);
+    /// unset, `max_connections_per_ip`. Each holds an upstream socket for as long as it lasts,
+    /// and one HTTP/2 or HTTP/3 connection carries many, so a site whose offices need thousands
+    /// of connections per address can still hold each to a few long-lived tunnels. Counted as
+    /// connections are (an IPv6 client by its /64 and /48), `per_ip_exempt` exempt; live on
+    /// reload, over the tunnels open ([`ServerConfig::tunnels_per_ip`]).
+    pub max_tunnels_per_ip: Option<usize>,
     /// Peers `max_connections_per_ip` does not apply to: by default loopback (a reverse proxy or
     /// load generator on the same host).
     pub per_ip_exempt: Vec<ipnet::IpNet>,
@@ -108,6 +115,7 @@ impl Default for ServerConfig {
             shutdown_grace_secs: 10,
             max_connections: 0,
             max_connections_per_ip: 256,
+            max_tunnels_per_ip: None,
             per_ip_exempt: vec![
                 "127.0.0.0/8".parse().expect("valid net"),
                 "::1/128".parse().expect("valid net"),
@@ -145,6 +153,7 @@ config_section!(ServerConfig {
     shutdown_grace_secs,
     max_connections,
     max_connections_per_ip,
+    max_tunnels_per_ip,
     per_ip_exempt,
     send_timeout_secs,
     tls_handshake_timeout_secs,
@@ -178,6 +187,9 @@ pub const MAIN_LISTENER: &str = "main";
 /// The most `server.threads` may ask for: past any machine sluice runs on, and far below where
 /// the system refuses to start another thread (which would stop the start with a panic).
 pub const MAX_THREADS: usize = 1024;
+/// The largest `max_tunnels_per_ip`: each tunnel holds an upstream socket, so as for every
+/// `max_connections*` key, far past any descriptor limit (2^24).
+pub const MAX_TUNNELS_PER_IP: usize = 1 << 24;
 
 /// Bounds of `server.h2_recv_window_bytes`: HTTP/2's initial window, and 64 MiB.
 const MIN_H2_WINDOW: u32 = 65_535;
@@ -208,6 +220,13 @@ impl ServerConfig {
             return Some(0);
         }
         self.listener_names().iter().position(|n| n == name)
+    }
+
+    /// Open WebSocket tunnels one client may hold (0 = no limit): `max_tunnels_per_ip`, or
+    /// when unset `max_connections_per_ip`.
+    pub fn tunnels_per_ip(&self) -> usize {
+        self.max_tunnels_per_ip
+            .unwrap_or(self.max_connections_per_ip)
     }
 
     /// Checks what the types alone cannot, within `[server]`, for a server whose TLS
@@ -272,6 +291,15 @@ impl ServerConfig {
         if !(MIN_H2_WINDOW..=MAX_H2_WINDOW).contains(&self.h2_recv_window_bytes) {
             bail!(
                 "server.h2_recv_window_bytes must be from {MIN_H2_WINDOW} to {MAX_H2_WINDOW} (64 MiB)"
+            );
+        }
+        if self
+            .max_tunnels_per_ip
+            .is_some_and(|n| n > MAX_TUNNELS_PER_IP)
+        {
+            bail!(
+                "server.max_tunnels_per_ip must be at most {MAX_TUNNELS_PER_IP}; 0 = no limit, \
+                 unset = max_connections_per_ip"
             );
         }
         if self.threads > MAX_THREADS {
@@ -339,5 +367,36 @@ impl EndpointsConfig {
         sluice_http::route::HostPattern::parse(&self.host)
             .map_err(|e| anyhow::anyhow!("endpoints.host: {e}"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `max_tunnels_per_ip` unset follows `max_connections_per_ip`; set, it is its own bound
+    /// (0: no limit), at most `MAX_TUNNELS_PER_IP`.
+    #[test]
+    fn the_tunnel_share_defaults_to_the_connection_share() {
+        let parse = |t: &str| -> ServerConfig { toml::from_str(t).unwrap() };
+        assert_eq!(parse("").tunnels_per_ip(), 256);
+        assert_eq!(
+            parse("max_connections_per_ip = 2000").tunnels_per_ip(),
+            2000
+        );
+        let own = parse("max_connections_per_ip = 2000\nmax_tunnels_per_ip = 50");
+        assert_eq!(own.tunnels_per_ip(), 50);
+        own.validate().unwrap();
+        assert_eq!(parse("max_tunnels_per_ip = 0").tunnels_per_ip(), 0);
+        let err = parse("max_tunnels_per_ip = 16777217")
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("server.max_tunnels_per_ip"),
+            "{err}"
+        );
+        parse(&format!("max_tunnels_per_ip = {MAX_TUNNELS_PER_IP}"))
+            .validate()
+            .unwrap();
     }
 }
