@@ -316,6 +316,44 @@ async fn one_client_s_ratelimit_holds_up_no_other_client() {
     assert_eq!(count.load(Ordering::SeqCst), 3);
 }
 
+/// The same flood from one IPv6 /48 (65,536 /64s, free from a tunnel broker), each /64 within its
+/// own share: before, the /48 took every entry of the table and another client's next paced host
+/// got a 503. A /48 now creates at most its own share of entries over all its /64s.
+#[tokio::test]
+async fn one_48_s_made_up_hosts_fill_its_share_not_the_pacing_table() {
+    let (handler, count) = counting_origin();
+    let origin = Local::start(handler).await;
+    let mut config = test_config();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    config.auth.api_password = "pw".into();
+    config.media.ratelimit.max_hosts = 8;
+    let s = Sluice::start(config).await;
+    let from = |client: String, url: String| async move {
+        let url = format!("{url}&api_password=pw");
+        request("GET", &url, &[("x-forwarded-for", client.as_str())]).await
+    };
+    // Ten /64s of 2001:db8:1::/48, two made-up hosts each (loopback addresses nothing listens
+    // on), at a minute each: a /64's share of a table of 8 is 2.
+    let port = origin.addr.port();
+    for net in 0..10 {
+        for n in 0..2 {
+            let d = format!("http://127.0.0.{}:{port}/x.ts", 2 + n);
+            let client = format!("2001:db8:1:{net:x}::1");
+            let r = from(client, stream_url(&s, &d, "&ratelimit=60000")).await;
+            assert!(matches!(r.status.as_u16(), 502 | 503), "{}", r.status);
+        }
+    }
+    // Another client's paced host still has room in the table.
+    let d = format!("http://localhost:{port}/b.ts");
+    let r = from(
+        "203.0.113.2".to_string(),
+        stream_url(&s, &d, "&ratelimit=100"),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}
+
 fn echo_origin() -> (Handler, Arc<AtomicUsize>) {
     let count = Arc::new(AtomicUsize::new(0));
     let c = count.clone();

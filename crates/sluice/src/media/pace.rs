@@ -18,10 +18,15 @@
 //! shared one, the two waits together bounded by `max_wait_secs`.
 //!
 //! The table holds at most `max_hosts` entries; one client network creates at most
-//! [`per_client`] of them, so a flood of made-up hosts from one client fills its own share only.
+//! [`per_client`] of them, and one IPv6 /48 (a site's allocation, 65,536 /64s, free from tunnel
+//! brokers) at most [`per_site`] over all its /64s, so a flood of made-up hosts from one client, or
+//! from every /64 of one /48, fills its own share only. Idle entries (their instant has passed)
+//! carry nothing a missing one does not, and are forgotten as time passes, soonest first; each
+//! share keeps its count and its entries' instants beside the table, so a refusal reads them and
+//! walks no other client's entries.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -31,7 +36,7 @@ use tokio::time::Instant;
 
 use super::config::ratelimit::{RateLimitConfig, MAX_INTERVAL_MS};
 use crate::error::ProxyError;
-use crate::net::per_ip::network_of;
+use crate::net::per_ip::{network_of, site_of, SHARES_PER_48};
 use crate::request::RequestContext;
 
 /// Most entries one client network may create: a quarter of `max_hosts`, at most 64.
@@ -40,48 +45,139 @@ fn per_client(max_hosts: usize) -> usize {
     (max_hosts / 4).clamp(2, 64)
 }
 
+/// Most entries the /64s of one IPv6 /48 may create together: [`SHARES_PER_48`] clients' shares
+/// (as connections are counted), never more than a quarter of `max_hosts` (the 16 shares are that
+/// quarter of the default 4096), and never less than one client's share. Counted by /64 alone, a
+/// /48 held 65,536 shares and could take every entry of the table.
+fn per_site(max_hosts: usize) -> usize {
+    let client = per_client(max_hosts);
+    client
+        .saturating_mul(SHARES_PER_48)
+        .min(max_hosts / 4)
+        .max(client)
+}
+
 /// Whose slot an entry is: the shared one of a host, or one client network's own for a host.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Key {
     Shared(String),
     Own(IpAddr, String),
 }
 
 /// One tracked slot: when the next request may start, and the client network that created it
-/// (counted against that network's share until it is forgotten).
+/// (counted against that network's share, and its /48's, until it is forgotten).
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     next: Instant,
     owner: IpAddr,
 }
 
+/// The entries one client network (or one /48) created that are still tracked: how many, and the
+/// instant each one frees up, so that a refusal reads its count and its soonest without a walk.
+#[derive(Debug, Default)]
+struct Share {
+    count: usize,
+    /// Each entry's `next` (instant → how many entries have it).
+    nexts: BTreeMap<Instant, usize>,
+}
+
+impl Share {
+    fn add(&mut self, at: Instant) {
+        self.count += 1;
+        *self.nexts.entry(at).or_default() += 1;
+    }
+
+    /// Takes one entry at `at` out; `true` when none is left.
+    fn remove(&mut self, at: Instant) -> bool {
+        self.count = self.count.saturating_sub(1);
+        if let Some(n) = self.nexts.get_mut(&at) {
+            *n -= 1;
+            if *n == 0 {
+                self.nexts.remove(&at);
+            }
+        }
+        self.count == 0
+    }
+
+    fn soonest(&self) -> Option<Instant> {
+        self.nexts.keys().next().copied()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Table {
     slots: HashMap<Key, Slot>,
-    /// Entries of `slots` per creating client network.
-    created: HashMap<IpAddr, usize>,
+    /// Every entry of `slots` by its `next`: the idle ones are at the front.
+    by_next: BTreeSet<(Instant, Key)>,
+    /// Entries of `slots` per creating client network; a network leaves at zero.
+    networks: HashMap<IpAddr, Share>,
+    /// The same per IPv6 /48 of the creating network; a /48 leaves at zero.
+    sites: HashMap<Ipv6Addr, Share>,
+    /// Entries looked at while forgetting (for tests: the work done under the lock).
+    #[cfg(test)]
+    walked: usize,
 }
 
 impl Table {
-    /// Forgets the idle entries (their instant has passed) that `which` selects.
-    fn forget_idle(&mut self, now: Instant, which: impl Fn(&Slot) -> bool) {
-        let created = &mut self.created;
-        self.slots.retain(|_, slot| {
-            let keep = slot.next > now || !which(slot);
-            if !keep {
-                crate::net::per_ip::release(created, &slot.owner);
+    /// Forgets every idle entry (its instant is not after `now`), soonest first: each entry is
+    /// looked at once, when it goes.
+    fn forget_idle(&mut self, now: Instant) {
+        while self.by_next.first().is_some_and(|(at, _)| *at <= now) {
+            let Some((at, key)) = self.by_next.pop_first() else {
+                break;
+            };
+            #[cfg(test)]
+            {
+                self.walked += 1;
             }
-            keep
-        });
+            if let Some(slot) = self.slots.remove(&key) {
+                self.each_share(slot.owner, |share| share.remove(at));
+            }
+        }
     }
 
-    /// The soonest instant one of the entries `which` selects frees up, as a wait from `now`.
-    fn soonest(&self, now: Instant, which: impl Fn(&Slot) -> bool) -> Option<Duration> {
-        self.slots
-            .values()
-            .filter(|s| which(s))
-            .map(|s| s.next.saturating_duration_since(now))
-            .min()
+    /// Applies `f` to the share of `owner` and of its /48, dropping a share `f` leaves empty.
+    fn each_share(&mut self, owner: IpAddr, mut f: impl FnMut(&mut Share) -> bool) {
+        if let Some(share) = self.networks.get_mut(&owner) {
+            if f(share) {
+                self.networks.remove(&owner);
+            }
+        }
+        if let Some(site) = site_of(owner) {
+            if let Some(share) = self.sites.get_mut(&site) {
+                if f(share) {
+                    self.sites.remove(&site);
+                }
+            }
+        }
+    }
+
+    /// Moves the entry of `key` (tracked, owned by `slot.owner`) to `next`.
+    fn reschedule(&mut self, key: Key, slot: Slot, next: Instant) {
+        self.by_next.remove(&(slot.next, key.clone()));
+        self.each_share(slot.owner, |share| {
+            share.remove(slot.next);
+            share.add(next);
+            false
+        });
+        self.by_next.insert((next, key.clone()));
+        self.slots.insert(
+            key,
+            Slot {
+                next,
+                owner: slot.owner,
+            },
+        );
+    }
+
+    /// Tracks a new entry of `key` for `owner`, free again at `next`.
+    fn insert(&mut self, key: Key, owner: IpAddr, next: Instant) {
+        self.by_next.insert((next, key.clone()));
+        self.slots.insert(key, Slot { next, owner });
+        self.networks.entry(owner).or_default().add(next);
+        if let Some(site) = site_of(owner) {
+            self.sites.entry(site).or_default().add(next);
+        }
     }
 }
 
@@ -163,9 +259,10 @@ impl Pacer {
         Ok((asked, configured))
     }
 
-    /// Takes the next free start slot of `key` for `client`, or refuses when it is further out
-    /// than what is left of `max_wait` after `waited`, when `client` already created its share of
-    /// entries and each is still busy, or when the table is full of busy entries.
+    /// Takes the next free start slot of `key` for `client` (a client network), or refuses when it
+    /// is further out than what is left of `max_wait` after `waited`, when `client` (or its IPv6
+    /// /48) already created its share of entries and each is still busy, or when the table is
+    /// full of busy entries.
     fn reserve(
         &self,
         key: Key,
@@ -178,44 +275,78 @@ impl Pacer {
             .table
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let slot = table
-            .slots
-            .get(&key)
-            .map(|s| s.next)
-            .filter(|t| *t > now)
-            .unwrap_or(now);
+        // What is left is busy: an entry of `key` is a slot to wait for, no entry a free start.
+        table.forget_idle(now);
+        let tracked = table.slots.get(&key).copied();
+        let slot = tracked.map_or(now, |s| s.next.max(now));
         let wait = slot - now;
         if waited + wait > self.max_wait {
             return Err(busy(wait));
         }
-        if let Some(entry) = table.slots.get_mut(&key) {
-            entry.next = slot + interval;
+        if let Some(entry) = tracked {
+            table.reschedule(key, entry, slot + interval);
             return Ok(slot);
         }
-        // A new entry: within the client's share, then within the table. Idle entries go first;
-        // forgetting a busy one would break its pacing.
-        let mine = |s: &Slot| s.owner == client;
-        if table.created.get(&client).copied().unwrap_or(0) >= per_client(self.max_hosts) {
-            table.forget_idle(now, mine);
-            if table.created.get(&client).copied().unwrap_or(0) >= per_client(self.max_hosts) {
-                return Err(busy(table.soonest(now, mine).unwrap_or(interval)));
+        // A new entry: within the client's share, its /48's, then the table's. Every entry left
+        // is busy, and forgetting one would break its pacing: the refusal names when the soonest
+        // of them frees up.
+        let full = |share: Option<&Share>, cap: usize| {
+            share.filter(|s| s.count >= cap).map(|s| {
+                s.soonest()
+                    .map_or(interval, |at| at.saturating_duration_since(now))
+            })
+        };
+        if let Some(wait) = full(table.networks.get(&client), per_client(self.max_hosts)) {
+            return Err(busy(wait));
+        }
+        if let Some(site) = site_of(client) {
+            if let Some(wait) = full(table.sites.get(&site), per_site(self.max_hosts)) {
+                return Err(busy(wait));
             }
         }
         if table.slots.len() >= self.max_hosts {
-            table.forget_idle(now, |_| true);
-            if table.slots.len() >= self.max_hosts {
-                return Err(busy(table.soonest(now, |_| true).unwrap_or(interval)));
+            let soonest = table.by_next.first().map(|(at, _)| *at);
+            return Err(busy(
+                soonest.map_or(interval, |at| at.saturating_duration_since(now)),
+            ));
+        }
+        table.insert(key, client, slot + interval);
+        Ok(slot)
+    }
+
+    /// Checks that the shares and the index agree with the entries (each count exact, no share
+    /// left at zero) and returns the entries looked at while forgetting so far.
+    #[cfg(test)]
+    fn audit(&self) -> usize {
+        let table = self.table.lock().unwrap();
+        let mut networks: HashMap<IpAddr, Vec<Instant>> = HashMap::new();
+        let mut sites: HashMap<Ipv6Addr, Vec<Instant>> = HashMap::new();
+        for (key, slot) in &table.slots {
+            assert!(table.by_next.contains(&(slot.next, key.clone())), "{key:?}");
+            networks.entry(slot.owner).or_default().push(slot.next);
+            if let Some(site) = site_of(slot.owner) {
+                sites.entry(site).or_default().push(slot.next);
             }
         }
-        table.slots.insert(
-            key,
-            Slot {
-                next: slot + interval,
-                owner: client,
-            },
-        );
-        *table.created.entry(client).or_default() += 1;
-        Ok(slot)
+        assert_eq!(table.by_next.len(), table.slots.len());
+        fn agree<K: std::hash::Hash + Eq + std::fmt::Debug>(
+            shares: &HashMap<K, Share>,
+            actual: HashMap<K, Vec<Instant>>,
+        ) {
+            assert_eq!(shares.len(), actual.len());
+            for (k, nexts) in actual {
+                let share = &shares[&k];
+                assert_eq!(share.count, nexts.len(), "{k:?}");
+                let mut counted = BTreeMap::new();
+                for at in nexts {
+                    *counted.entry(at).or_insert(0) += 1;
+                }
+                assert_eq!(share.nexts, counted, "{k:?}");
+            }
+        }
+        agree(&table.networks, networks);
+        agree(&table.sites, sites);
+        table.walked
     }
 
     /// Entries tracked now (for tests and the bound).
@@ -399,6 +530,7 @@ mod tests {
         assert!(p.tracked() <= share + 2);
         assert_eq!(per_client(4096), 64);
         assert_eq!(per_client(1), 2);
+        p.audit();
     }
 
     #[test]
@@ -418,5 +550,177 @@ mod tests {
         let later = t0 + Duration::from_secs(2);
         assert_eq!(p.reserve(shared("c"), c, i, later, zero).unwrap(), later);
         assert_eq!(p.tracked(), 1);
+        p.audit();
+    }
+
+    fn ctx(client: &str, query: &str) -> RequestContext {
+        RequestContext {
+            peer: "127.0.0.1:5000".parse().unwrap(),
+            client_ip: client.parse().unwrap(),
+            query: Query::parse(query),
+            path: "/proxy/stream".into(),
+            host: None,
+            secure: false,
+            token: None,
+        }
+    }
+
+    /// The /64 network of `2001:db8:<site>:<net>::/64`, as `wait` keys a client.
+    fn in_64(site: u16, net: u16) -> IpAddr {
+        network_of(Ipv6Addr::new(0x2001, 0xdb8, site, net, 0, 0, 0, 1).into())
+    }
+
+    /// The attack on the share: one IPv6 /48 (65,536 /64s, free from a tunnel broker) spreads
+    /// its made-up hosts over its /64s, each within its own share. Before, it took every entry
+    /// of the table, and every other client's next paced host got a 503.
+    #[test]
+    fn one_48_fills_its_share_not_the_table() {
+        let max = 4096;
+        let p = pacer(&[], 30, max);
+        let t0 = Instant::now();
+        let minute = Duration::from_secs(60);
+        let zero = Duration::ZERO;
+        let mut taken = 0;
+        for net in 0..200 {
+            let c = in_64(1, net);
+            for n in 0..per_client(max) {
+                let key = own(c, &format!("h{n}.example"));
+                taken += usize::from(p.reserve(key, c, minute, t0, zero).is_ok());
+            }
+        }
+        assert_eq!(taken, per_site(max));
+        assert_eq!(per_site(max), 16 * 64);
+        assert_eq!(p.tracked(), taken);
+        // A fresh /64 of that /48 is refused until the /48's soonest entry frees up.
+        let fresh = in_64(1, 999);
+        let e = p
+            .reserve(own(fresh, "more.example"), fresh, minute, t0, zero)
+            .unwrap_err();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.retry_after, Some(60));
+        // Another /48 and an IPv4 client still have their whole shares.
+        for c in [in_64(2, 0), A] {
+            for n in 0..per_client(max) {
+                let key = own(c, &format!("h{n}.example"));
+                assert!(p.reserve(key, c, minute, t0, zero).is_ok(), "{c} {n}");
+            }
+        }
+        p.audit();
+        // Once the /48's entries are idle, its /64s may make new ones again.
+        let later = t0 + Duration::from_secs(61);
+        assert_eq!(
+            p.reserve(own(fresh, "more.example"), fresh, minute, later, zero)
+                .unwrap(),
+            later
+        );
+        assert_eq!(p.tracked(), 1);
+        p.audit();
+        // A /48 never holds more than a quarter of a smaller table, nor less than one share.
+        assert_eq!(per_site(1 << 20), 16 * 64);
+        assert_eq!(per_site(256), 64);
+        assert_eq!(per_site(16), 4);
+        assert_eq!(per_site(1), 2);
+    }
+
+    /// A client at its share is refused from its share's count and soonest instant, kept beside
+    /// the table: before, each refusal walked the whole table under the lock (every other
+    /// client's entries, twice) to forget its idle entries and find its soonest one. The counts
+    /// stay exact as entries are used again, go idle and are forgotten.
+    #[test]
+    fn a_client_at_its_share_is_refused_without_walking_the_table() {
+        let p = pacer(&[], 30, 4096);
+        let t0 = Instant::now();
+        let minute = Duration::from_secs(60);
+        let zero = Duration::ZERO;
+        // 2,000 other clients hold one busy entry each (192.0.0.0 and up).
+        for n in 0..2_000u32 {
+            let c = IpAddr::V4((0xC000_0000 | n).into());
+            p.reserve(own(c, "h.example"), c, minute, t0, zero).unwrap();
+        }
+        let share = per_client(4096);
+        for n in 0..share {
+            p.reserve(own(A, &format!("a{n}")), A, minute, t0, zero)
+                .unwrap();
+        }
+        let walked = p.audit();
+        let t1 = t0 + Duration::from_secs(1);
+        for n in 0..1_000 {
+            let e = p
+                .reserve(own(A, &format!("x{n}")), A, minute, t1, zero)
+                .unwrap_err();
+            assert_eq!(e.retry_after, Some(59));
+        }
+        assert_eq!(p.audit() - walked, 0, "entries walked for 1,000 refusals");
+        // A uses one entry again (its next moves to +120 s); at +61 s every other entry is idle
+        // and goes, each looked at once.
+        let t30 = t0 + Duration::from_secs(30);
+        assert_eq!(
+            p.reserve(own(A, "a0"), A, minute, t30, zero).unwrap(),
+            t0 + minute
+        );
+        let t61 = t0 + Duration::from_secs(61);
+        assert_eq!(p.reserve(shared("s"), B, minute, t61, zero).unwrap(), t61);
+        assert_eq!(p.audit() - walked, 2_000 + share - 1);
+        assert_eq!(p.tracked(), 2);
+        // A counts one entry: it may make share - 1 more, then is refused until +120 s.
+        for n in 1..share {
+            let key = own(A, &format!("y{n}"));
+            assert!(p.reserve(key, A, minute, t61, zero).is_ok(), "{n}");
+        }
+        let e = p.reserve(own(A, "z"), A, minute, t61, zero).unwrap_err();
+        assert_eq!(e.retry_after, Some(59));
+        p.audit();
+    }
+
+    /// A request paced both ways waits out its own stricter slot, then takes the host's shared
+    /// one judged against `max_wait` alone. Counting the time spent on its own slot refused it
+    /// with a 503 after it had waited, though the shared slot was within `max_wait`.
+    #[tokio::test(start_paused = true)]
+    async fn the_shared_slot_is_judged_against_max_wait_alone() {
+        let p = pacer(&[("cdn.example", 10_000)], 30, 64);
+        let a = ctx("198.51.100.1", "d=http://cdn.example/a.ts&ratelimit=20000");
+        let params = ProxyParams::from_query(&a.query).unwrap();
+        let t0 = Instant::now();
+        // A's own slot and the shared one are free: next at +20 s and +10 s.
+        p.wait(&a, &params).await.unwrap();
+        assert_eq!(Instant::now(), t0);
+        // Another client's requests take the shared slots at +10, +20 and +30 s.
+        let ten = Duration::from_secs(10);
+        for n in 1..=3 {
+            let slot = p.reserve(shared("cdn.example"), B, ten, t0, Duration::ZERO);
+            assert_eq!(slot.unwrap(), t0 + ten * n);
+        }
+        // A's next request: its own slot at +20 s, then the shared one at +40 s, 20 s later.
+        p.wait(&a, &params).await.unwrap();
+        assert!(Instant::now() >= t0 + ten * 4);
+        // The shared slot is still held to max_wait: with B's at +50, +60 and +70 s, A's own
+        // slot (+40 s) is free and the shared one (+80 s) is 40 s out.
+        let t40 = Instant::now();
+        for _ in 0..3 {
+            assert!(p
+                .reserve(shared("cdn.example"), B, ten, t40, Duration::ZERO)
+                .is_ok());
+        }
+        let e = p.wait(&a, &params).await.unwrap_err();
+        assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(Instant::now(), t40);
+    }
+
+    /// A request paced both ways holds two entries (its own and the host's shared one): a table
+    /// of fewer than 8 entries still gives each network (and each /48) a share of 2. With a
+    /// share of 1 there, every such request got a 503.
+    #[tokio::test(start_paused = true)]
+    async fn a_request_paced_both_ways_fits_the_smallest_share() {
+        for max_hosts in 2..8 {
+            for client in ["198.51.100.1", "2001:db8:1:2::5"] {
+                let p = pacer(&[("cdn.example", 1_000)], 30, max_hosts);
+                let c = ctx(client, "d=http://cdn.example/a.ts&ratelimit=5000");
+                let params = ProxyParams::from_query(&c.query).unwrap();
+                let r = p.wait(&c, &params).await;
+                assert!(r.is_ok(), "max_hosts {max_hosts}, {client}: {r:?}");
+                assert_eq!(p.tracked(), 2);
+                p.audit();
+            }
+        }
     }
 }
