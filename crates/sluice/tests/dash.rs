@@ -1714,3 +1714,73 @@ async fn a_track_on_another_origin_still_fetches_ahead() {
     assert_eq!(hits.len(), 1, "segment 2 fetched ahead once");
     assert!(hits[0].headers.get("authorization").is_none());
 }
+
+/// An MPD and its init segments on A, which wants the viewer's cookie, and the media segments on
+/// B (a CDN): each fetch carries the credentials decided for its own URL. The init a segment
+/// request fetches to decrypt (fMP4, MPEG-TS, DASH out) goes to A with the cookie; the segment
+/// goes to B without it.
+#[tokio::test]
+async fn an_init_on_the_viewers_origin_keeps_its_credentials_beside_segments_elsewhere() {
+    let (a, b) = (FileOrigin::start().await, FileOrigin::start().await);
+    a.put_package("cenc");
+    b.put_package("cenc");
+    let mpd = std::fs::read_to_string(a.root.path().join("cenc/manifest.mpd")).unwrap();
+    let split = mpd
+        .replace(
+            "media=\"video/",
+            &format!("media=\"{}", b.url("cenc/video/")),
+        )
+        .replace(
+            "media=\"audio/",
+            &format!("media=\"{}", b.url("cenc/audio/")),
+        );
+    assert_ne!(split, mpd);
+    a.put("cenc/split.mpd", split.as_bytes());
+    let s = Sluice::start(test_config()).await;
+    let creds = "h_authorization=Bearer%20X&h_Cookie=session%3D1&h_referer=r";
+    let query = format!("d={}&{}&{creds}", enc(&a.url("cenc/split.mpd")), hex_keys());
+    let mut segments = 0;
+    for remux in ["0", "1"] {
+        let master = s.url(&format!(
+            "/proxy/mpd/manifest.m3u8?{query}&remux_to_ts={remux}"
+        ));
+        for playlist in media_playlists(&master).await {
+            for uri in uris(&playlist) {
+                segments += uri.contains("/segment.") as usize;
+                bytes(&uri).await;
+            }
+        }
+    }
+    let out = text(&s.url(&format!("/proxy/mpd/manifest.mpd?{query}"))).await;
+    for link in mpd_links(&s, &out) {
+        segments += link.contains("/out/") as usize;
+        bytes(&link).await;
+    }
+    assert!(segments >= 8, "{segments} segment links");
+    for path in ["cenc/video/1.m4s", "cenc/audio/2.m4s"] {
+        assert!(!b.hits(path).is_empty(), "B never served {path}");
+    }
+    for hit in b.log.lock().unwrap().iter() {
+        let (auth, cookie) = (hit.headers.get("authorization"), hit.headers.get("cookie"));
+        assert!(
+            auth.is_none() && cookie.is_none(),
+            "B got the viewer's credentials for {}: {auth:?} {cookie:?}",
+            hit.path
+        );
+    }
+    for path in [
+        "cenc/split.mpd",
+        "cenc/video/init.mp4",
+        "cenc/audio/init.mp4",
+    ] {
+        let hits = a.hits(path);
+        assert!(!hits.is_empty(), "A never served {path}");
+        for hit in hits {
+            assert_eq!(
+                hit.headers.get("cookie").map(|v| v.as_bytes()),
+                Some(&b"session=1"[..]),
+                "{path} fetched without the viewer's cookie"
+            );
+        }
+    }
+}

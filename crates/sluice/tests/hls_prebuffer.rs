@@ -713,3 +713,78 @@ async fn segments_the_origin_will_not_let_us_store_are_not_fetched_ahead() {
     // One origin fetch per segment the viewer asked for: each fetched ahead was thrown away.
     assert_eq!(origin.count("/ns/seg"), 5, "{:?}", origin.log());
 }
+
+/// `media.credential_hosts`: a playlist on A (`127.0.0.1`) whose segments are on B under a listed
+/// name (`localhost`) and on C (another origin, unlisted): B's children carry the viewer's cookie
+/// and `Authorization` (linked, prebuffered and fetched ahead), never A's `h_host`; C gets none.
+#[tokio::test]
+async fn a_listed_host_gets_the_viewers_credentials_and_an_unlisted_one_does_not() {
+    let (a, b, c) = (
+        Recording::start().await,
+        Recording::start().await,
+        Recording::start().await,
+    );
+    let b_url = |p: &str| format!("http://localhost:{}{p}", b.addr.port());
+    let playlist = format!(
+        "#EXTM3U\n#EXT-X-TARGETDURATION:4\n\
+         #EXTINF:4.0,\n{b0}\n#EXTINF:4.0,\n{b1}\n#EXTINF:4.0,\n{c0}\n\
+         #EXTINF:4.0,\n{b2}\n#EXTINF:4.0,\n{b3}\n#EXT-X-ENDLIST\n",
+        b0 = b_url("/b0.ts"),
+        b1 = b_url("/b1.ts"),
+        c0 = c.url("/c0.ts"),
+        b2 = b_url("/b2.ts"),
+        b3 = b_url("/b3.ts"),
+    );
+    a.route(
+        "/live.m3u8",
+        Route::ok("application/vnd.apple.mpegurl", playlist),
+    );
+    for (i, p) in ["/b0.ts", "/b1.ts", "/b2.ts", "/b3.ts"]
+        .into_iter()
+        .enumerate()
+    {
+        b.route(p, Route::ok("video/mp2t", segment_bytes(i)));
+    }
+    c.route("/c0.ts", Route::ok("video/mp2t", segment_bytes(9)));
+
+    let mut config = test_config();
+    config.media.prebuffer_segments = 2;
+    config.media.prefetch_segments = 2;
+    config.media.credential_hosts = vec!["localhost".into()];
+    let s = Sluice::start(config).await;
+    let creds = format!(
+        "&h_authorization=Bearer%20X&h_Cookie=session%3D1&h_host={}",
+        a.addr
+    );
+    let d = enc(&a.url("/live.m3u8"));
+    let r = get(&s.url(&format!("/proxy/hls/manifest.m3u8?d={d}{creds}"))).await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let urls = named_urls(&s, &text);
+    assert_eq!(urls.len(), 5, "{text}");
+    for url in &urls {
+        assert_eq!(get(url).await.status, 200, "{url}");
+    }
+    // Prebuffer and prefetch have had their turn.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seen_b = b.log();
+    for p in ["/b0.ts", "/b1.ts", "/b2.ts", "/b3.ts"] {
+        assert!(seen_b.iter().any(|(q, ..)| q == p), "{p} never fetched");
+    }
+    let b_host = format!("localhost:{}", b.addr.port());
+    for (path, auth, cookie, host) in &seen_b {
+        assert_eq!(auth.as_deref(), Some("Bearer X"), "B's {path}");
+        assert_eq!(cookie.as_deref(), Some("session=1"), "B's {path}");
+        assert_eq!(host.as_deref(), Some(b_host.as_str()), "B's {path}");
+    }
+    let seen_c = c.log();
+    assert!(!seen_c.is_empty(), "C never fetched");
+    for (path, auth, cookie, host) in &seen_c {
+        assert_eq!((auth, cookie), (&None, &None), "C's {path}");
+        assert_eq!(
+            host.as_deref(),
+            Some(c.addr.to_string().as_str()),
+            "C's {path}"
+        );
+    }
+}

@@ -83,6 +83,12 @@ pub struct MediaConfig {
     pub max_requests_per_client: usize,
     /// The same bound for one token, whoever presents it (a leaked link shared widely).
     pub max_requests_per_token: usize,
+    /// Hosts (`cdn.example.com`, or `*.example.com` for every subdomain) that also get a viewer's
+    /// `h_authorization`, `h_cookie` and `h_proxy-authorization` when a rewritten HLS playlist or
+    /// MPD names them, besides the origin of the request's `d` (CloudFront signed cookies shared
+    /// by `www.` and `cdn.`): over https, or http when `d` is http. Never `h_host`, which names a
+    /// virtual host of `d`'s origin. Empty: the credentials go to `d`'s origin alone.
+    pub credential_hosts: Vec<String>,
     // Xtream Codes and Acestream
     /// Largest Xtream Codes API answer (stream lists, M3U) read for rewriting, in bytes.
     pub xtream_max_response_bytes: usize,
@@ -124,6 +130,7 @@ impl Default for MediaConfig {
             splice_stream: true,
             max_requests_per_client: 64,
             max_requests_per_token: 64,
+            credential_hosts: Vec::new(),
             prefetch_registry_bytes: 8 * 1024 * 1024,
             remux_to_ts: false,
             xtream_max_response_bytes: 64 * 1024 * 1024,
@@ -156,6 +163,7 @@ impl MediaConfig {
         if self.xtream_max_response_bytes < 1024 {
             bail!("media.xtream_max_response_bytes must be at least 1024");
         }
+        super::links::CredentialHosts::parse(&self.credential_hosts)?;
         self.acestream.validate()?;
         self.ratelimit.validate()?;
         self.public_ip.validate()?;

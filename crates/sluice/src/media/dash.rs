@@ -64,6 +64,8 @@ pub struct Settings {
     pub max_mpd_bytes: usize,
     pub max_segment_bytes: usize,
     pub remux_to_ts: bool,
+    /// `media.credential_hosts`.
+    pub credential_hosts: super::links::CredentialHosts,
 }
 
 impl Settings {
@@ -75,6 +77,7 @@ impl Settings {
             max_mpd_bytes: c.max_mpd_bytes,
             max_segment_bytes: c.max_segment_bytes,
             remux_to_ts: c.remux_to_ts,
+            credential_hosts: super::links::CredentialHosts::from_config(&c.credential_hosts),
         }
     }
 }
@@ -171,6 +174,22 @@ pub(crate) fn params_for(query: &Query, url: &url::Url) -> Result<ProxyParams, P
     let mut pairs = vec![("d".to_owned(), url.to_string())];
     pairs.extend(query.pairs().iter().filter(|(k, _)| k != "d").cloned());
     ProxyParams::from_query(&Query::from_pairs(pairs)).map_err(bad_request)
+}
+
+/// Where a DASH request's credentials go: the origin of its `d` and `media.credential_hosts`.
+pub(crate) fn credential_scope(dash: &Dash, d: &url::Url) -> super::links::CredentialScope {
+    super::links::CredentialScope::new(d, dash.settings.credential_hosts.clone())
+}
+
+/// Where a segment or init link's credentials go: against its `cred_origin`, else `own` (the URL
+/// the link is for) as `d`. Each fetch it makes gets the headers decided for its own URL.
+pub(crate) fn link_scope(
+    dash: &Dash,
+    query: &Query,
+    own: &url::Url,
+) -> Result<super::links::CredentialScope, ProxyError> {
+    let hosts = dash.settings.credential_hosts.clone();
+    super::links::CredentialScope::of_link(query, own, hosts).map_err(bad_request)
 }
 
 /// A complete response with `content_type`, `r_*`/`rp_*`/`x_headers` applied.

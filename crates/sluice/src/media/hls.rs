@@ -15,6 +15,7 @@ use sluice_media::dash::proxy::Part;
 use sluice_media::hls::{self as rewriter, SegmentExt, Sniff, Target};
 use sluice_media::query::ProxyParams;
 
+use super::links::{CredentialHosts, CredentialScope, Reach};
 use super::Media;
 use super::{stream, transform};
 use crate::body::{self, Body};
@@ -116,7 +117,9 @@ async fn segment(
         .prefetcher
         .get_or_fetch(&part, &upstream_headers)
         .await?;
-    media.prefetcher.segment_fetched(&part, &upstream_headers);
+    media
+        .prefetcher
+        .segment_fetched(&part, &upstream_headers, &credential_hosts(media));
     let bytes = match transformer {
         Some(t) => transform::apply_whole(bytes, t),
         None => bytes,
@@ -296,14 +299,14 @@ async fn rewrite(
     let params = stream::parse_params(ctx)?;
     let playlist = options::carried(&ctx.query, Child::Playlist, opts.key_proxy);
     let segment = options::carried(&ctx.query, Child::Segment, opts.key_proxy);
+    let scope = credential_scope(media, &params.destination);
     let job = RewriteJob {
         links: media.links(ctx),
-        // A viewer's credentials are for the origin of the `d` they came with: children on any
-        // other (where a redirect led, a key vendor, another CDN) get the rest of the headers,
-        // as a redirect to another origin drops them.
-        origin: params.destination.origin(),
-        foreign_playlist: super::links::without_credentials(&playlist),
-        foreign_segment: super::links::without_credentials(&segment),
+        // A viewer's credentials are for the origin of the `d` they came with (and the hosts
+        // `media.credential_hosts` names): children on any other (where a redirect led, a key
+        // vendor, another CDN) get the rest of the headers, as a redirect to another origin
+        // drops them.
+        scope: scope.clone(),
         playlist,
         segment,
         opts: opts.rewrite.clone(),
@@ -321,15 +324,13 @@ async fn rewrite(
     if rewritten.is_ok() && !parts.is_empty() && engine_for(media, &base).is_none() {
         let warm = super::prebuffer::pick(&parts, vod, media.settings.prebuffer_segments);
         // Registered for the upstream headers its segment links carry (every `h_*` but `h_range`),
-        // so only this viewer's segment requests find it and fetch ahead with their headers. When
-        // every segment is on another origin than `d` (a redirect, a CDN), those links carry no
-        // credentials.
+        // so only this viewer's segment requests find it and fetch ahead with their headers: those
+        // of the segments that carry the most (when every segment is on another origin than `d`,
+        // a redirect, a CDN, no credentials; on a `credential_hosts` host, no `h_host`).
         let mut headers = stream::fetch_request(&params)?.headers;
         headers.remove(header::RANGE);
-        let d_origin = params.destination.origin();
-        if parts.iter().all(|p| p.url.origin() != d_origin) {
-            super::links::strip_credentials(&mut headers);
-        }
+        let best = parts.iter().map(|p| scope.reach(&p.url)).max();
+        let headers = super::links::scoped_headers(&headers, best.unwrap_or(Reach::Nothing));
         media
             .prefetcher
             .register_playlist_for(base.as_str(), &headers, parts);
@@ -351,6 +352,16 @@ async fn rewrite(
     })
 }
 
+/// Where credentials given with `d` go (`media.credential_hosts`).
+pub(super) fn credential_scope(media: &Media, d: &url::Url) -> CredentialScope {
+    CredentialScope::new(d, credential_hosts(media))
+}
+
+/// `media.credential_hosts`.
+pub(super) fn credential_hosts(media: &Media) -> CredentialHosts {
+    CredentialHosts::from_config(&media.settings.credential_hosts)
+}
+
 /// A 502 booked to the origin whose playlist at `base` cannot be served.
 fn bad_playlist(base: &url::Url, kind: &'static str, message: String) -> ProxyError {
     let mut err = ProxyError::new(Side::Upstream, StatusCode::BAD_GATEWAY, kind, message);
@@ -366,12 +377,10 @@ fn job_is_vod(text: &str) -> bool {
 /// Everything a rewrite needs, owned, so it can run on the blocking pool.
 struct RewriteJob {
     links: super::links::Links,
-    /// The origin of the request's `d`: children elsewhere get the `foreign_*` parameters.
-    origin: url::Origin,
+    /// Where the request's credentials go: each child carries the `h_*` its own URL may get.
+    scope: CredentialScope,
     playlist: Vec<(String, String)>,
     segment: Vec<(String, String)>,
-    foreign_playlist: Vec<(String, String)>,
-    foreign_segment: Vec<(String, String)>,
     opts: rewriter::RewriteOptions,
     text: String,
     base: url::Url,
@@ -386,11 +395,9 @@ impl RewriteJob {
     fn run(self) -> RewriteOutcome {
         let RewriteJob {
             links,
-            origin,
+            scope,
             playlist,
             segment,
-            foreign_playlist,
-            foreign_segment,
             opts,
             text,
             base,
@@ -404,20 +411,14 @@ impl RewriteJob {
                     range: None,
                 });
             }
-            let home = url.origin() == origin;
-            let (ext, carried) = match (target, home) {
-                (Target::Playlist, true) => (None, &playlist),
-                (Target::Playlist, false) => (None, &foreign_playlist),
-                (Target::Key, true) => (Some(SegmentExt::Ts), &segment),
-                (Target::Key, false) => (Some(SegmentExt::Ts), &foreign_segment),
-                (Target::Segment { ext } | Target::Map { ext }, true) => (Some(ext), &segment),
-                (Target::Segment { ext } | Target::Map { ext }, false) => {
-                    (Some(ext), &foreign_segment)
-                }
+            let (ext, carried) = match target {
+                Target::Playlist => (None, &playlist),
+                Target::Key => (Some(SegmentExt::Ts), &segment),
+                Target::Segment { ext } | Target::Map { ext } => (Some(ext), &segment),
             };
             let mut params = Vec::with_capacity(carried.len() + 1);
             params.push(("d".to_string(), url.to_string()));
-            params.extend(carried.iter().cloned());
+            params.extend(super::links::scoped_params(carried, scope.reach(url)));
             match ext {
                 None => links.url(MANIFEST, &params),
                 Some(ext) => links.url(&format!("/proxy/hls/segment.{}", ext.as_str()), &params),
@@ -499,11 +500,12 @@ mod tests {
         };
         RewriteJob {
             links: super::super::links::Links::new(&ctx, None),
-            origin: url::Url::parse("http://o/").unwrap().origin(),
+            scope: CredentialScope::new(
+                &url::Url::parse("http://o/l.m3u8").unwrap(),
+                CredentialHosts::default(),
+            ),
             playlist: Vec::new(),
             segment: Vec::new(),
-            foreign_playlist: Vec::new(),
-            foreign_segment: Vec::new(),
             opts: rewriter::RewriteOptions::default(),
             text: text.to_string(),
             base: url::Url::parse("http://o/l.m3u8").unwrap(),
@@ -551,7 +553,6 @@ mod tests {
             ("h_authorization".to_string(), "Bearer X".to_string()),
             ("h_referer".to_string(), "r".to_string()),
         ];
-        j.foreign_segment = super::super::links::without_credentials(&creds);
         j.segment = creds;
         let (out, _, _) = j.run();
         let out = out.unwrap();

@@ -88,11 +88,133 @@ pub fn carried(query: &Query, drop: impl Fn(&str) -> bool) -> Vec<(String, Strin
 /// Upstream headers bound to the origin of the parent's `d`: a viewer's credentials, and `Host`
 /// (the virtual host asked for there). Like a redirect to another origin (`upstream::relay`), a
 /// child URL on another origin never gets them: a segment on another CDN is asked for under its
-/// own name, not the first origin's.
+/// own name, not the first origin's. A host `media.credential_hosts` names gets the credentials,
+/// never `Host` ([`Reach::Credentials`]).
 fn origin_bound() -> impl Iterator<Item = http::HeaderName> {
     crate::upstream::CREDENTIAL_FIELDS
         .into_iter()
         .chain([http::header::HOST])
+}
+
+/// The query parameter naming the origin a DASH segment link's credentials were given for, when
+/// its segment and init are on different origins: each is fetched with the credentials decided
+/// for its own URL against it. Without it, the link's segment (or init) URL stands for `d`.
+pub const CREDENTIAL_ORIGIN: &str = "cred_origin";
+
+/// How much of a viewer's origin-bound headers one upstream URL gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reach {
+    /// None of them: another origin.
+    Nothing,
+    /// The credentials but not `Host` (which names a virtual host of `d`'s origin): a host
+    /// `media.credential_hosts` names.
+    Credentials,
+    /// All of them: the origin (scheme, host, port) of the request's `d`.
+    All,
+}
+
+/// `media.credential_hosts`: hosts (`name` or `*.domain`) that get a viewer's credentials besides
+/// the origin of its `d`.
+#[derive(Debug, Clone, Default)]
+pub struct CredentialHosts(Arc<[sluice_http::route::HostPattern]>);
+
+impl CredentialHosts {
+    /// Parses the configured list: exact names and `*.domain` (at least two labels after `*.`),
+    /// no ports, schemes or `*` alone.
+    pub fn parse(list: &[String]) -> anyhow::Result<Self> {
+        use sluice_http::route::HostPattern;
+        let mut out = Vec::with_capacity(list.len());
+        for entry in list {
+            let pattern = HostPattern::parse(entry)
+                .map_err(|e| anyhow::anyhow!("media.credential_hosts: {e}"))?;
+            match &pattern {
+                HostPattern::Any => anyhow::bail!(
+                    "media.credential_hosts: {entry:?} would send credentials to every host; \
+                     name hosts or `*.domain`"
+                ),
+                HostPattern::Wildcard(suffix) if suffix[1..].split('.').count() < 2 => {
+                    anyhow::bail!(
+                        "media.credential_hosts: {entry:?} names a whole top-level domain; \
+                         use `*.domain.tld`"
+                    )
+                }
+                _ => {}
+            }
+            out.push(pattern);
+        }
+        Ok(CredentialHosts(out.into()))
+    }
+
+    /// The configured list, checked at load (`MediaConfig::validate`); a list it would refuse
+    /// names no host.
+    pub fn from_config(list: &[String]) -> Self {
+        Self::parse(list).unwrap_or_default()
+    }
+
+    fn lists(&self, host: &str) -> bool {
+        self.0.iter().any(|p| p.matches(host))
+    }
+}
+
+/// Where a viewer's credentials go: the origin of the `d` they came with (all of them, `Host`
+/// too), and, over https (or http when `d` itself is http), the hosts `media.credential_hosts`
+/// names (the credentials without `Host`). Nowhere else.
+#[derive(Debug, Clone)]
+pub struct CredentialScope {
+    home: url::Origin,
+    home_http: bool,
+    hosts: CredentialHosts,
+}
+
+impl CredentialScope {
+    /// The scope of credentials given with `d`.
+    pub fn new(d: &url::Url, hosts: CredentialHosts) -> Self {
+        CredentialScope {
+            home: d.origin(),
+            home_http: d.scheme() == "http",
+            hosts,
+        }
+    }
+
+    /// The scope a DASH segment or init link's credentials were given for: its
+    /// [`CREDENTIAL_ORIGIN`] when it names one, else `own` (the URL the link fetches, as `d`).
+    /// A value that is no http(s) origin is the client's fault.
+    pub fn of_link(
+        query: &sluice_media::query::Query,
+        own: &url::Url,
+        hosts: CredentialHosts,
+    ) -> Result<Self, String> {
+        let Some(named) = query.get(CREDENTIAL_ORIGIN) else {
+            return Ok(Self::new(own, hosts));
+        };
+        match url::Url::parse(named) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => {
+                Ok(Self::new(&u, hosts))
+            }
+            _ => Err(format!("`{CREDENTIAL_ORIGIN}` is not an http(s) origin")),
+        }
+    }
+
+    /// `d`'s origin as a [`CREDENTIAL_ORIGIN`] value.
+    pub fn home(&self) -> String {
+        self.home.ascii_serialization()
+    }
+
+    /// How much of the viewer's origin-bound headers `url` gets.
+    pub fn reach(&self, url: &url::Url) -> Reach {
+        if url.origin() == self.home {
+            return Reach::All;
+        }
+        let scheme_ok = match url.scheme() {
+            "https" => true,
+            "http" => self.home_http,
+            _ => false,
+        };
+        match scheme_ok && url.host_str().is_some_and(|h| self.hosts.lists(h)) {
+            true => Reach::Credentials,
+            false => Reach::Nothing,
+        }
+    }
 }
 
 /// Whether the query parameter `key` sets an origin-bound header upstream (`h_authorization`,
@@ -106,14 +228,36 @@ pub fn is_credential_param(key: &str) -> bool {
         && origin_bound().any(|c| key[2..].trim().eq_ignore_ascii_case(c.as_str()))
 }
 
+/// Whether `key` is `h_host` in any spelling.
+fn is_host_param(key: &str) -> bool {
+    key.get(..2).is_some_and(|p| p.eq_ignore_ascii_case("h_"))
+        && key[2..].trim().eq_ignore_ascii_case("host")
+}
+
+/// Whether a carried parameter goes on a link (or fetch) of `reach`.
+pub fn param_reaches(key: &str, reach: Reach) -> bool {
+    match reach {
+        Reach::All => true,
+        Reach::Credentials => !is_host_param(key),
+        Reach::Nothing => !is_credential_param(key),
+    }
+}
+
+/// The `carried` parameters a child of `reach` gets.
+pub fn scoped_params(
+    carried: &[(String, String)],
+    reach: Reach,
+) -> impl Iterator<Item = (String, String)> + '_ {
+    carried
+        .iter()
+        .filter(move |(k, _)| param_reaches(k, reach))
+        .cloned()
+}
+
 /// `carried` for a child on another origin than the parent's `d`: without the credentials and
 /// `h_host`.
 pub fn without_credentials(carried: &[(String, String)]) -> Vec<(String, String)> {
-    carried
-        .iter()
-        .filter(|(k, _)| !is_credential_param(k))
-        .cloned()
-        .collect()
+    scoped_params(carried, Reach::Nothing).collect()
 }
 
 /// Takes the credential headers and `Host` out of a set of upstream headers (for a fetch on
@@ -124,6 +268,21 @@ pub fn strip_credentials(headers: &mut http::HeaderMap) -> bool {
         any |= headers.remove(name).is_some();
     }
     any
+}
+
+/// The upstream headers a fetch of `reach` gets out of the viewer's `headers`.
+pub fn scoped_headers(headers: &http::HeaderMap, reach: Reach) -> http::HeaderMap {
+    let mut headers = headers.clone();
+    match reach {
+        Reach::All => {}
+        Reach::Credentials => {
+            headers.remove(http::header::HOST);
+        }
+        Reach::Nothing => {
+            strip_credentials(&mut headers);
+        }
+    }
+    headers
 }
 
 #[cfg(test)]
@@ -200,6 +359,75 @@ mod tests {
         assert!(strip_credentials(&mut headers));
         assert_eq!(headers.len(), 1);
         assert!(!strip_credentials(&mut headers));
+    }
+
+    #[test]
+    fn listed_hosts_get_the_credentials_but_not_the_virtual_host() {
+        let u = |s: &str| url::Url::parse(s).unwrap();
+        let hosts =
+            CredentialHosts::parse(&["*.example.com".into(), "cdn.other.net".into()]).unwrap();
+        let https = CredentialScope::new(&u("https://www.example.com/m.m3u8"), hosts.clone());
+        assert_eq!(https.reach(&u("https://www.example.com/a.ts")), Reach::All);
+        assert_eq!(
+            https.reach(&u("https://cdn.example.com:8443/a.ts")),
+            Reach::Credentials
+        );
+        assert_eq!(
+            https.reach(&u("https://CDN.other.net/a.ts")),
+            Reach::Credentials
+        );
+        // https only, unless `d` itself is http.
+        assert_eq!(
+            https.reach(&u("http://cdn.example.com/a.ts")),
+            Reach::Nothing
+        );
+        assert_eq!(https.reach(&u("https://example.com/a.ts")), Reach::Nothing);
+        assert_eq!(https.reach(&u("https://x.other.net/a.ts")), Reach::Nothing);
+        assert_eq!(
+            https.reach(&u("https://evil.example.com.x/a")),
+            Reach::Nothing
+        );
+        let http = CredentialScope::new(&u("http://www.example.com/m.m3u8"), hosts);
+        assert_eq!(
+            http.reach(&u("http://cdn.example.com/a.ts")),
+            Reach::Credentials
+        );
+        // Another port of `d`'s own host is another origin (scheme, host, port).
+        let ip = CredentialScope::new(&u("http://10.0.0.5:8080/m"), CredentialHosts::default());
+        assert_eq!(ip.reach(&u("http://10.0.0.5:8081/a.ts")), Reach::Nothing);
+        // Listed: the credentials, not `h_host`.
+        let carried = vec![
+            ("h_cookie".to_string(), "c".to_string()),
+            ("h_Host".to_string(), "www.example.com".to_string()),
+            ("h_referer".to_string(), "r".to_string()),
+        ];
+        let names = |r| -> Vec<String> { scoped_params(&carried, r).map(|(k, _)| k).collect() };
+        assert_eq!(names(Reach::All), ["h_cookie", "h_Host", "h_referer"]);
+        assert_eq!(names(Reach::Credentials), ["h_cookie", "h_referer"]);
+        assert_eq!(names(Reach::Nothing), ["h_referer"]);
+        let mut headers = http::HeaderMap::new();
+        headers.insert("cookie", "c".parse().unwrap());
+        headers.insert("host", "www.example.com".parse().unwrap());
+        let listed = scoped_headers(&headers, Reach::Credentials);
+        assert!(listed.contains_key("cookie") && !listed.contains_key("host"));
+        // Names and `*.domain` only.
+        for bad in [
+            "*",
+            "",
+            "*.com",
+            "cdn.example.com:443",
+            "https://cdn.example.com",
+            "a b",
+        ] {
+            assert!(CredentialHosts::parse(&[bad.to_string()]).is_err(), "{bad}");
+        }
+        // A marker that is no origin is the client's fault.
+        let q = Query::parse("cred_origin=javascript%3Ax");
+        assert!(CredentialScope::of_link(&q, &u("http://o/s"), Default::default()).is_err());
+        let q = Query::parse("cred_origin=http%3A%2F%2Fa%3A81");
+        let scope = CredentialScope::of_link(&q, &u("http://o/s"), Default::default()).unwrap();
+        assert_eq!(scope.reach(&u("http://a:81/i.mp4")), Reach::All);
+        assert_eq!(scope.reach(&u("http://o/s")), Reach::Nothing);
     }
 
     #[test]

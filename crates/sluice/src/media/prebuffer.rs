@@ -8,6 +8,7 @@
 
 use sluice_media::dash::proxy::Part;
 
+use super::links::Reach;
 use super::Media;
 use crate::request::RequestContext;
 
@@ -37,15 +38,27 @@ pub fn warm(media: &Media, ctx: &RequestContext, parts: Vec<Part>) {
     let Ok(request) = super::stream::fetch_request(&params) else {
         return;
     };
-    // Credentials go only to the origin of the `d` they came with, as the segment links carry
-    // them (`hls::RewriteJob`).
-    let origin = params.destination.origin();
-    let (home, foreign): (Vec<Part>, Vec<Part>) =
-        parts.into_iter().partition(|p| p.url.origin() == origin);
-    media.prefetcher.warm(home, &request.headers);
-    let mut headers = request.headers;
-    super::links::strip_credentials(&mut headers);
-    media.prefetcher.warm(foreign, &headers);
+    // Credentials go only where the segment links carry them (`hls::RewriteJob`): the origin of
+    // the `d` they came with, and without `h_host` to a `media.credential_hosts` host.
+    let scope = super::hls::credential_scope(media, &params.destination);
+    let mut by_reach: [Vec<Part>; 3] = Default::default();
+    for part in parts {
+        let at = match scope.reach(&part.url) {
+            Reach::All => 0,
+            Reach::Credentials => 1,
+            Reach::Nothing => 2,
+        };
+        by_reach[at].push(part);
+    }
+    for (parts, reach) in by_reach
+        .into_iter()
+        .zip([Reach::All, Reach::Credentials, Reach::Nothing])
+    {
+        if !parts.is_empty() {
+            let headers = super::links::scoped_headers(&request.headers, reach);
+            media.prefetcher.warm(parts, &headers);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -245,8 +245,13 @@ impl Prefetcher {
     }
 
     /// The player fetched `part` with `headers`: fetch the following segments of its playlist, as
-    /// registered for those same headers, in the background.
-    pub fn segment_fetched(self: &Arc<Self>, part: &Part, headers: &HeaderMap) {
+    /// registered for those same headers, in the background. `hosts`: `media.credential_hosts`.
+    pub fn segment_fetched(
+        self: &Arc<Self>,
+        part: &Part,
+        headers: &HeaderMap,
+        hosts: &super::links::CredentialHosts,
+    ) {
         // A segment the origin would not let the cache keep says its neighbours are the same:
         // fetched ahead, they would be thrown away and fetched again when the player asks.
         if self.depth == 0 || self.cache.passes(part, headers) {
@@ -255,16 +260,22 @@ impl Prefetcher {
         let Some(next) = self.lock().next(part, &fingerprint(headers), self.depth) else {
             return;
         };
-        // The viewer's credentials were given for this segment's origin: a segment after it on
-        // another (an ad break, another CDN) is fetched without them, as its link carries none.
-        let origin = part.url.origin();
-        let (home, foreign): (Vec<Part>, Vec<Part>) =
-            next.into_iter().partition(|p| p.url.origin() == origin);
-        self.warm(home, headers);
-        if !foreign.is_empty() {
-            let mut headers = headers.clone();
-            super::links::strip_credentials(&mut headers);
-            self.warm(foreign, &headers);
+        // `headers` are those this segment's link carries: the viewer's credentials only if it is
+        // on their `d`'s origin or a `credential_hosts` host. A segment after it on another origin
+        // (an ad break, another CDN) gets them only on such a host (never `h_host`), over http
+        // only if this one is http (so `d` was), never more than its own link carries.
+        let scope = super::links::CredentialScope::new(&part.url, hosts.clone());
+        let mut groups: Vec<(super::links::Reach, Vec<Part>)> = Vec::new();
+        for p in next {
+            let reach = scope.reach(&p.url);
+            match groups.iter_mut().find(|(r, _)| *r == reach) {
+                Some((_, parts)) => parts.push(p),
+                None => groups.push((reach, vec![p])),
+            }
+        }
+        for (reach, parts) in groups {
+            let headers = super::links::scoped_headers(headers, reach);
+            self.warm(parts, &headers);
         }
     }
 

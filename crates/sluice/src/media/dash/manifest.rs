@@ -13,14 +13,14 @@ use sluice_media::dash::{
     MediaOptions, MediaUrl, Mpd, SidxFetch, SidxFragment,
 };
 use sluice_media::query::ProxyParams;
-use url::{Origin, Url};
+use url::Url;
 
 use super::{bad_request, respond, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
 use crate::media::cache::CacheKind;
 use crate::media::cpu::{self, Lane};
-use crate::media::links::{self, Links};
+use crate::media::links::{self, CredentialScope, Links, Reach};
 use crate::request::RequestContext;
 
 const PLAYLIST_TYPE: &str = "application/vnd.apple.mpegurl";
@@ -79,11 +79,11 @@ pub async fn media(
         options,
         sequence: LiveSequence::default(),
         links: links.clone(),
-        // A viewer's credentials are for the origin of the `d` they came with (as HLS children's,
-        // `hls::RewriteJob`): segments and inits on any other (a BaseURL elsewhere, where the
-        // MPD redirected) get the rest of the headers.
-        origin: params.destination.origin(),
-        foreign: links::without_credentials(&carried),
+        // A viewer's credentials are for the origin of the `d` they came with and the hosts
+        // `media.credential_hosts` names (as HLS children's, `hls::RewriteJob`): segments and
+        // inits on any other (a BaseURL elsewhere, where the MPD redirected) get the rest of
+        // the headers.
+        scope: super::credential_scope(dash, &params.destination),
         carried,
         ts,
     };
@@ -105,20 +105,19 @@ pub async fn media(
                 let sequence = std::mem::take(&mut job.sequence);
                 // Kept or not, this answer is served: its numbers follow the state it began from.
                 dash.sequences.keep(&track, &seen, sequence);
-                // For the upstream headers its segment links carry (`h_range` too), as HLS
-                // registers: only this viewer's segment requests find it. When every segment is
-                // on another origin than `d`, those links carry no credentials.
-                let mut headers = headers.clone();
-                if parts.iter().all(|p| p.url.origin() != job.origin) {
-                    links::strip_credentials(&mut headers);
-                }
+                // For the upstream headers its segment fetches carry (`h_range` too), as HLS
+                // registers: only this viewer's segment requests find it. Those of the segments
+                // that carry the most: none of the credentials when every segment is on another
+                // origin than `d`, no `h_host` on a `credential_hosts` host.
+                let best = parts.iter().map(|p| job.scope.reach(&p.url)).max();
+                let headers = links::scoped_headers(&headers, best.unwrap_or(Reach::Nothing));
                 dash.prefetcher
                     .register_playlist_for(&track, &headers, parts);
                 return respond(text, PLAYLIST_TYPE, &params);
             }
             Err(DashError::SidxMissing { url, range }) => {
                 let url = Url::parse(&url).map_err(bad_mpd)?;
-                let fragments = load_sidx(dash, &url, range, &headers, &job.origin).await?;
+                let fragments = load_sidx(dash, &url, range, &headers, &job.scope).await?;
                 job.options.sidx.insert(SidxFetch { url, range }, fragments);
             }
             Err(DashError::UnknownProfile(p)) => {
@@ -142,11 +141,9 @@ struct PlaylistJob {
     options: MediaOptions,
     sequence: LiveSequence,
     links: Links,
-    /// The origin of the request's `d`: children elsewhere get `foreign`, not `carried`.
-    origin: Origin,
+    /// Where the request's credentials go: each link carries those its URLs may get.
+    scope: CredentialScope,
     carried: Vec<(String, String)>,
-    /// `carried` without the viewer's credentials.
-    foreign: Vec<(String, String)>,
     /// Segments are remuxed to MPEG-TS (their URLs name the init; no map).
     ts: bool,
 }
@@ -156,8 +153,7 @@ impl PlaylistJob {
     fn run(mut self) -> (Self, Result<(String, Vec<Part>), DashError>) {
         let mut parts = Vec::new();
         let (live, ts) = (self.mpd.is_live(), self.ts);
-        let (links, origin) = (&self.links, &self.origin);
-        let (carried, foreign) = (&self.carried, &self.foreign);
+        let (links, scope, carried) = (&self.links, &self.scope, &self.carried);
         let made = to_hls_media_live(
             &self.mpd,
             &self.profile,
@@ -170,17 +166,13 @@ impl PlaylistJob {
                         range: segment.byte_range,
                     });
                 }
-                let carried = if media_is_home(&target, origin) {
-                    carried
-                } else {
-                    foreign
-                };
+                let credentials = media_credentials(&target, scope, carried);
                 let (endpoint, mut p) = if ts {
                     proxy::ts_media_params(target, live)
                 } else {
                     proxy::media_params(target, live)
                 };
-                p.extend(carried.iter().cloned());
+                p.extend(credentials);
                 links.url(endpoint, &p)
             },
         );
@@ -265,36 +257,51 @@ fn parse_text(bytes: &[u8], url: &Url) -> Result<Mpd, ProxyError> {
     parse_mpd(text, url).map_err(bad_mpd)
 }
 
-/// Whether every upstream URL a playlist's (or DASH out MPD's) init or segment link names is on
-/// `origin`, the request's `d`'s: only then does the link carry the viewer's credentials.
-pub(super) fn media_is_home(target: &MediaUrl<'_>, origin: &Origin) -> bool {
-    match target {
-        MediaUrl::Init { init, .. } => init.url.origin() == *origin,
-        MediaUrl::Segment { init, segment, .. } => {
-            segment.url.origin() == *origin && init.is_none_or(|i| i.url.origin() == *origin)
-        }
+/// The carried parameters a playlist's (or DASH out MPD's) init or segment link gets: the `h_*`
+/// the URL it fetches may get, or for a segment with its init, those the one that may get more
+/// may; the segment and the init are then fetched each with its own (`segment::segment`), decided
+/// against `d`'s origin, which the link names (`cred_origin`) when they are on different origins.
+pub(super) fn media_credentials(
+    target: &MediaUrl<'_>,
+    scope: &CredentialScope,
+    carried: &[(String, String)],
+) -> Vec<(String, String)> {
+    let (own, other) = match target {
+        MediaUrl::Init { init, .. } => (&init.url, None),
+        MediaUrl::Segment { init, segment, .. } => (&segment.url, init.map(|i| &i.url)),
+    };
+    link_credentials(own, other, scope, carried)
+}
+
+/// [`media_credentials`] for a link fetching `own` (which stands for `d` when it is served), and
+/// perhaps `other` (an init).
+pub(super) fn link_credentials(
+    own: &Url,
+    other: Option<&Url>,
+    scope: &CredentialScope,
+    carried: &[(String, String)],
+) -> Vec<(String, String)> {
+    let reach = scope.reach(own);
+    let best = other.map_or(reach, |o| reach.max(scope.reach(o)));
+    let mut p: Vec<_> = links::scoped_params(carried, best).collect();
+    let credentialed = p.iter().any(|(k, _)| links::is_credential_param(k));
+    if credentialed && other.is_some_and(|o| o.origin() != own.origin()) {
+        p.push((links::CREDENTIAL_ORIGIN.to_owned(), scope.home()));
     }
+    p
 }
 
 /// The fragments listed by the `sidx` in `range` of `url` (bytes cached). `headers` are the
-/// viewer's for the request's `d`, whose origin is `home`: a `sidx` the MPD names on another
-/// origin is fetched without the viewer's credentials.
+/// viewer's for the request's `d`, whose credentials go where `scope` says: a `sidx` the MPD
+/// names on another origin is fetched without them.
 pub(super) async fn load_sidx(
     dash: &Dash,
     url: &Url,
     range: ByteRange,
     headers: &HeaderMap,
-    home: &Origin,
+    scope: &CredentialScope,
 ) -> Result<Vec<SidxFragment>, ProxyError> {
-    let stripped;
-    let headers = if url.origin() == *home {
-        headers
-    } else {
-        let mut h = headers.clone();
-        links::strip_credentials(&mut h);
-        stripped = h;
-        &stripped
-    };
+    let headers = &links::scoped_headers(headers, scope.reach(url));
     let part = Part {
         url: url.clone(),
         range: Some(range),

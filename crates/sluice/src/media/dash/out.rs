@@ -13,14 +13,16 @@ use sluice_media::dash::out::{
 use sluice_media::dash::proxy::{self, media_params};
 use sluice_media::dash::{DashError, Mpd, SidxFetch};
 use sluice_media::query::{ProxyParams, Query};
-use url::{Origin, Url};
+use url::Url;
 
-use super::manifest::{bad_mpd, load_mpd_text, load_sidx, media_is_home, unix_now};
+use super::manifest::{
+    bad_mpd, link_credentials, load_mpd_text, load_sidx, media_credentials, unix_now,
+};
 use super::{bad_request, respond, segment, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::ProxyError;
 use crate::media::cpu::{self, Lane};
-use crate::media::links::{self, Links};
+use crate::media::links::{self, CredentialScope, Links};
 use crate::request::RequestContext;
 
 const MPD_TYPE: &str = "application/dash+xml";
@@ -52,10 +54,10 @@ pub async fn manifest(
         },
         mpd,
         links: links.clone(),
-        // The viewer's credentials go only to the origin of their `d`, as for HLS children
-        // (`hls::RewriteJob`): inits and segments on any other get the rest of the headers.
-        origin: params.destination.origin(),
-        foreign: links::without_credentials(&carried),
+        // The viewer's credentials go only to the origin of their `d` and the hosts
+        // `media.credential_hosts` names, as for HLS children (`hls::RewriteJob`): inits and
+        // segments on any other get the rest of the headers.
+        scope: super::credential_scope(dash, &params.destination),
         carried,
     };
     for _ in 0..=MAX_SIDX_FETCHES {
@@ -74,7 +76,7 @@ pub async fn manifest(
             Ok(out) => return respond(out, MPD_TYPE, &params),
             Err(DashError::SidxMissing { url, range }) => {
                 let url = Url::parse(&url).map_err(bad_mpd)?;
-                let fragments = load_sidx(dash, &url, range, &headers, &job.origin).await?;
+                let fragments = load_sidx(dash, &url, range, &headers, &job.scope).await?;
                 job.options.sidx.insert(SidxFetch { url, range }, fragments);
             }
             Err(e) => return Err(bad_mpd(e)),
@@ -91,11 +93,9 @@ struct RewriteJob {
     mpd: Arc<Mpd>,
     options: OutOptions,
     links: Links,
-    /// The origin of the request's `d`: children elsewhere get `foreign`, not `carried`.
-    origin: Origin,
+    /// Where the request's credentials go: each link carries those its URLs may get.
+    scope: CredentialScope,
     carried: Vec<(String, String)>,
-    /// `carried` without the viewer's credentials.
-    foreign: Vec<(String, String)>,
 }
 
 impl RewriteJob {
@@ -111,20 +111,17 @@ impl RewriteJob {
     /// `text` (the MPD's) rewritten, every init and segment URL made to come back through sluice.
     fn rewrite(&self, text: &str) -> Result<String, DashError> {
         let live = self.mpd.is_live();
-        let (links, origin) = (&self.links, &self.origin);
-        let (carried, foreign) = (&self.carried, &self.foreign);
+        let (links, scope, carried) = (&self.links, &self.scope, &self.carried);
         rewrite_mpd(text, &self.mpd, &self.options, |target| {
-            // A templated segment also checks, when served, that the template keeps it on the
-            // BaseURL's origin (`template_segment`).
-            let home = match &target {
+            // A templated segment is decided by its BaseURL, and checked when served against
+            // where the template leads (`template_segment`).
+            let credentials = match &target {
                 OutUrl::Template { rep, init, .. } => {
-                    rep.base_url.origin() == *origin
-                        && init.is_none_or(|i| i.url.origin() == *origin)
+                    link_credentials(&rep.base_url, init.map(|i| &i.url), scope, carried)
                 }
-                OutUrl::Media(m) => media_is_home(m, origin),
-                OutUrl::File { url, .. } => url.origin() == *origin,
+                OutUrl::Media(m) => media_credentials(m, scope, carried),
+                OutUrl::File { url, .. } => link_credentials(url, None, scope, carried),
             };
-            let carried = if home { carried } else { foreign };
             let (endpoint, mut p) = match target {
                 OutUrl::Template {
                     rep,
@@ -140,11 +137,11 @@ impl RewriteJob {
                 }
                 OutUrl::File { url, .. } => {
                     let mut p = vec![("d".to_owned(), url.to_string())];
-                    p.extend(carried.iter().filter(|(k, _)| k.starts_with("h_")).cloned());
+                    p.extend(credentials.into_iter().filter(|(k, _)| k.starts_with("h_")));
                     return links.url("/proxy/stream", &p);
                 }
             };
-            p.extend(carried.iter().cloned());
+            p.extend(credentials);
             links.url(&endpoint, &p)
         })
     }
@@ -161,11 +158,14 @@ pub async fn template_segment(
     let url = template_segment_url(rest, &ctx.query).map_err(|e| {
         ProxyError::downstream(StatusCode::BAD_REQUEST, "bad_request", e.to_string())
     })?;
-    // The MPD's rewrite gave this link the viewer's credentials only for a BaseURL on their
-    // `d`'s origin; a template that leads elsewhere (an absolute `media`, a host made of
-    // `$Number$`) sends them no further than a redirect would.
+    // The MPD's rewrite gave this link the viewer's credentials only for a BaseURL (or init) they
+    // may reach; a template that leads elsewhere (an absolute `media`, a host made of
+    // `$Number$`) sends them no further than their rule allows: the segment is decided against
+    // the link's `cred_origin`, else the BaseURL's origin (the link's stand-in for `d`), never
+    // the rendered URL's own.
     let base = ctx.query.get("seg_base").and_then(|b| Url::parse(b).ok());
-    let foreign = base.is_none_or(|b| b.origin() != url.origin());
+    let named = ctx.query.get(links::CREDENTIAL_ORIGIN).is_some();
+    let foreign = !named && base.is_none();
     let mut pairs: Vec<(String, String)> = ctx
         .query
         .pairs()
@@ -179,6 +179,12 @@ pub async fn template_segment(
         .filter(|(k, _)| !(foreign && links::is_credential_param(k)))
         .cloned()
         .collect();
+    if let Some(base) = base.filter(|_| !named) {
+        pairs.push((
+            links::CREDENTIAL_ORIGIN.to_owned(),
+            base.origin().ascii_serialization(),
+        ));
+    }
     pairs.push(("segment_url".to_owned(), url.to_string()));
     let mut child = ctx.clone();
     child.query = Query::from_pairs(pairs);

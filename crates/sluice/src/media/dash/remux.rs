@@ -18,10 +18,11 @@ use sluice_media::remux::{RemuxError, RemuxState, Remuxer};
 
 use super::clear::ClearKey;
 use super::segment::{clear_init, decrypt, raw_init};
-use super::{bad_request, params_for, respond, upstream_headers, Dash};
+use super::{bad_request, link_scope, params_for, respond, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
 use crate::media::cache::request_key;
+use crate::media::links;
 use crate::request::RequestContext;
 
 const TS_TYPE: &str = "video/mp2t";
@@ -42,18 +43,23 @@ pub async fn segment_ts(
         ));
     };
     let params = params_for(&ctx.query, &part.url)?;
-    let headers = upstream_headers(&params)?;
+    let link_headers = upstream_headers(&params)?;
+    // The segment and its init each get the credentials decided for their own URL.
+    let scope = link_scope(dash, &ctx.query, &part.url)?;
+    let headers = links::scoped_headers(&link_headers, scope.reach(&part.url));
+    let init_headers = links::scoped_headers(&link_headers, scope.reach(&init_part.url));
     let keys = proxy::key_ring(&ctx.query).map_err(bad_request)?;
     if !head {
-        dash.prefetcher.segment_fetched(&part, &headers);
+        let hosts = &dash.settings.credential_hosts;
+        dash.prefetcher.segment_fetched(&part, &headers, hosts);
     }
     let init = async {
         match &keys {
             Some(keys) => {
-                let (clear, info) = clear_init(dash, &init_part, keys, &headers).await?;
+                let (clear, info) = clear_init(dash, &init_part, keys, &init_headers).await?;
                 Ok((clear, Some(info)))
             }
-            None => Ok((raw_init(dash, &init_part, &headers).await?, None)),
+            None => Ok((raw_init(dash, &init_part, &init_headers).await?, None)),
         }
     };
     let ((init, info), media) =

@@ -13,10 +13,11 @@ use sluice_media::dash::proxy::{self, Part, SegmentRequest};
 use sluice_media::keys::KeyRing;
 
 use super::clear::ClearKey;
-use super::{bad_request, params_for, respond, upstream_headers, Dash};
+use super::{bad_request, link_scope, params_for, respond, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
 use crate::media::cache::{request_key, CacheKind};
+use crate::media::links;
 use crate::request::RequestContext;
 
 /// `/proxy/mpd/segment.mp4`; `head` for a HEAD request, which fetches nothing ahead.
@@ -30,20 +31,28 @@ pub async fn segment(
         return Err(bad_request("missing required parameter `segment_url`"));
     };
     let params = params_for(&ctx.query, &part.url)?;
-    let headers = upstream_headers(&params)?;
+    let link_headers = upstream_headers(&params)?;
+    // The segment and its init each get the credentials decided for their own URL.
+    let scope = link_scope(dash, &ctx.query, &part.url)?;
+    let headers = links::scoped_headers(&link_headers, scope.reach(&part.url));
+    let init_headers = req
+        .init
+        .as_ref()
+        .map(|i| links::scoped_headers(&link_headers, scope.reach(&i.url)));
     let keys = proxy::key_ring(&ctx.query).map_err(bad_request)?;
     // Start fetching what follows before waiting for this one; a HEAD is not playback.
     if !head {
-        dash.prefetcher.segment_fetched(&part, &headers);
+        let hosts = &dash.settings.credential_hosts;
+        dash.prefetcher.segment_fetched(&part, &headers, hosts);
     }
     let init = async {
-        match (&req.init, &keys) {
-            (Some(init), Some(keys)) => {
-                let (clear, info) = clear_init(dash, init, keys, &headers).await?;
+        match (&req.init, &init_headers, &keys) {
+            (Some(init), Some(h), Some(keys)) => {
+                let (clear, info) = clear_init(dash, init, keys, h).await?;
                 Ok(Some((clear, Some(info))))
             }
-            (Some(init), None) if !req.use_map => {
-                Ok(Some((raw_init(dash, init, &headers).await?, None)))
+            (Some(init), Some(h), None) if !req.use_map => {
+                Ok(Some((raw_init(dash, init, h).await?, None)))
             }
             _ => Ok(None),
         }
@@ -83,7 +92,8 @@ pub async fn init(dash: &Dash, ctx: &RequestContext) -> Result<Response<Body>, P
         return Err(bad_request("missing required parameter `init_url`"));
     };
     let params = params_for(&ctx.query, &part.url)?;
-    let headers = upstream_headers(&params)?;
+    let scope = link_scope(dash, &ctx.query, &part.url)?;
+    let headers = links::scoped_headers(&upstream_headers(&params)?, scope.reach(&part.url));
     let bytes = match proxy::key_ring(&ctx.query).map_err(bad_request)? {
         Some(keys) => clear_init(dash, &part, &keys, &headers).await?.0,
         None => raw_init(dash, &part, &headers).await?,
