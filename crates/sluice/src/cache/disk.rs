@@ -6,8 +6,9 @@
 //! cache's byte budget (`budget`), and in slices (`disk_queue`). A writer that finds it full waits
 //! for room (backpressure on the fill) rather than dropping the slice: a dropped write is a miss
 //! after the next restart. Only a disk too slow to take a slice within `disk_write_timeout_ms`
-//! (waiting for room, or waiting in the queue) or a failing / full disk drops entries, counted in
-//! `disk_dropped_writes_total`; requests are served either way. [`DiskTier::flush`] lets a
+//! (waiting for room, or waiting in the queue, behind a write that may never return) or a
+//! failing / full disk drops entries, counted in `disk_dropped_writes_total`; requests are served
+//! either way. Reads run on blocking threads, at most `READS` at once. [`DiskTier::flush`] lets a
 //! graceful shutdown write out what is queued. A file whose length or CRC does not match its
 //! header, or whose length is not the one its slice must have (its place in the object, under
 //! this run's `slice_bytes`), is deleted and reported as a miss, never served. A read that fails
@@ -28,7 +29,7 @@
 //! order, and a read also sets the file's modification time, so the order rebuilt at start (by
 //! modification time) is the one the previous run left.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -48,6 +49,13 @@ const HEADER: u64 = 16;
 const LAYOUT_FILE: &str = "layout";
 /// An object record larger than this is not read (and is deleted) at start.
 const MAX_RECORD: u64 = 1 << 20;
+/// Slice reads at once, each on a blocking thread. A stalled disk holds a read's thread past its
+/// timeout: unbounded, it held one per request, up to the whole blocking pool, whose queue then
+/// starved everything else run there (resolver fallbacks, reloads, the disk writer). Past this
+/// many, a read waits for a place within its timeout, and is a miss without one.
+const READS: usize = 32;
+/// A temporary file last modified longer ago than this is a leftover at start, whoever wrote it.
+const TMP_LEFTOVER: Duration = Duration::from_secs(60);
 
 /// Whether the disk tier keeps an object's record: the object index still holds that version.
 /// Asked by the writer just before it writes a record, so a record queued after its object was
@@ -118,7 +126,8 @@ struct QueuedSlice {
     /// Its number in [`Queue`].
     seq: u64,
     slice: Slice,
-    since: Instant,
+    /// When it was queued (tokio's clock: the writer's timers run on it).
+    since: tokio::time::Instant,
     _bytes: Option<Reservation>,
     _slot: OwnedSemaphorePermit,
 }
@@ -129,6 +138,38 @@ enum Job {
     /// An object's version: its slices of that generation (those the index listed when it was
     /// dropped, and any indexed since), and its record if it is that one.
     RemoveObject(ObjectId, u64, Vec<u64>),
+    /// A slice file a read proved bad (and unlisted): deleted unless the slice was written
+    /// again since. The writer alone writes slice files, so it deletes this one without a race.
+    Discard(SliceKey),
+}
+
+impl Job {
+    /// When a slice job was queued (other jobs never go stale).
+    fn since(&self) -> Option<tokio::time::Instant> {
+        match self {
+            Job::Slice(q) => Some(q.since),
+            _ => None,
+        }
+    }
+}
+
+/// Stand-ins for a stalled disk in tests: run on the blocking thread at the start of every
+/// slice read and of every writer job.
+#[cfg(test)]
+#[derive(Default)]
+struct Hooks {
+    read: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+    write: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+#[cfg(test)]
+impl Hooks {
+    fn run(hook: &Mutex<Option<Arc<dyn Fn() + Send + Sync>>>) {
+        let hook = hook.lock().expect("hook").clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
 }
 
 /// What the index knows of one version of an object.
@@ -259,11 +300,16 @@ pub struct DiskTier {
     /// costs the object's own slices, never a listing of the directory).
     jobs: mpsc::UnboundedSender<Job>,
     slots: Arc<Semaphore>,
+    /// Places for reads at once (`READS`); a read's place moves into its blocking task and is
+    /// held until that task ends, whenever the read's caller stopped waiting.
+    reads: Arc<Semaphore>,
     /// Jobs queued or being written.
     pending: Arc<AtomicUsize>,
     pub stats: Arc<DiskStats>,
     /// What [`DiskTier::start`] takes; `None` once it ran.
     start: Mutex<Option<Start>>,
+    #[cfg(test)]
+    hooks: Arc<Hooks>,
 }
 
 /// The writer's half, kept between [`DiskTier::prepare`] and [`DiskTier::start`]: jobs submitted
@@ -314,6 +360,7 @@ impl DiskTier {
             queued: Queued::default(),
             jobs: tx,
             slots: Arc::new(Semaphore::new(opts.queue)),
+            reads: Arc::new(Semaphore::new(READS)),
             pending: Arc::new(AtomicUsize::new(0)),
             stats: Arc::new(DiskStats::default()),
             start: Mutex::new(Some(Start {
@@ -321,6 +368,8 @@ impl DiskTier {
                 holds: opts.holds,
                 runtime: tokio::runtime::Handle::current(),
             })),
+            #[cfg(test)]
+            hooks: Arc::default(),
         })
     }
 
@@ -350,6 +399,8 @@ impl DiskTier {
                 queued: self.queued.clone(),
                 stats: self.stats.clone(),
                 pending: self.pending.clone(),
+                #[cfg(test)]
+                hooks: self.hooks.clone(),
             },
             start.rx,
         ));
@@ -413,7 +464,7 @@ impl DiskTier {
             key,
             seq,
             slice,
-            since: Instant::now(),
+            since: tokio::time::Instant::now(),
             _bytes: bytes,
             _slot: slot,
         }));
@@ -485,8 +536,9 @@ impl DiskTier {
         }
     }
 
-    /// Reads and verifies a slice; a corrupt file is deleted and reads as `None`, a read slower than
-    /// the timeout reads as `None` too. A slice still queued for writing is answered from the
+    /// Reads and verifies a slice; a corrupt file is unlisted (the writer deletes it) and reads
+    /// as `None`, and so does a read that gets no place among the reads at once (`READS`) and its
+    /// answer within the read timeout. A slice still queued for writing is answered from the
     /// queue, as it was stored (no file to verify or mark as used yet).
     pub async fn read(&self, key: SliceKey) -> Option<Slice> {
         let queued = self
@@ -499,44 +551,49 @@ impl DiskTier {
         if queued.is_some() {
             return queued;
         }
-        let length = {
+        // The listing read from (its tick): a file found bad or gone unlists the slice only
+        // while it is still this listing, never one the writer made since (evicted and written
+        // again: its file is there).
+        let (length, listed) = {
             let idx = self.index.lock().expect("disk index");
-            if !idx.contains(&key) {
-                return None;
-            }
-            idx.length(key.object, key.generation)
+            let &(_, listed) = idx.slices.get(&key)?;
+            (idx.length(key.object, key.generation), listed)
         };
-        let path = slice_path(&self.root, &key);
-        let slice_bytes = self.slice_bytes;
+        // The timeout bounds the whole read: the wait for a place (`READS`), then the read.
+        let deadline = tokio::time::Instant::now() + self.read_timeout;
+        let place =
+            match tokio::time::timeout_at(deadline, self.reads.clone().acquire_owned()).await {
+                Ok(Ok(place)) => place,
+                _ => {
+                    // Every place held by reads a stalled disk does not answer: a miss, with
+                    // no thread taken.
+                    self.stats.read_timeouts.fetch_add(1, Ordering::Relaxed);
+                    return None;
+                }
+            };
+        let reader = Reader {
+            root: self.root.clone(),
+            slice_bytes: self.slice_bytes,
+            index: self.index.clone(),
+            jobs: self.jobs.clone(),
+            pending: self.pending.clone(),
+            stats: self.stats.clone(),
+        };
+        #[cfg(test)]
+        let hooks = self.hooks.clone();
         let read = tokio::task::spawn_blocking(move || {
-            read_slice(&path, |len| slice_fits(key.index, slice_bytes, length, len))
+            // Held until the file is read, however long after the caller stopped waiting.
+            let _place = place;
+            #[cfg(test)]
+            Hooks::run(&hooks.read);
+            reader.read(key, listed, length)
         });
-        match tokio::time::timeout(self.read_timeout, read).await {
-            Ok(Ok(Ok(bytes))) => {
+        match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(Some(bytes))) => {
                 self.index.lock().expect("disk index").touch(&key);
                 Some(Slice::new(vec![bytes]))
             }
-            Ok(Ok(Err(ReadError::Io(e)))) => {
-                // Not proven bad (descriptors exhausted, permission, a passing I/O error): a
-                // miss, the file stays. One that is gone (deleted behind the tier's back) is
-                // unlisted, so the slice can be written again; checked under the lock, since the
-                // writer lists a file only once it exists.
-                self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
-                if e.kind() == std::io::ErrorKind::NotFound {
-                    let mut idx = self.index.lock().expect("disk index");
-                    if idx.contains(&key) && !slice_path(&self.root, &key).exists() {
-                        idx.remove(&key);
-                    }
-                }
-                None
-            }
-            Ok(Ok(Err(_))) => {
-                self.stats.corrupt.fetch_add(1, Ordering::Relaxed);
-                self.index.lock().expect("disk index").remove(&key);
-                let _ = std::fs::remove_file(slice_path(&self.root, &key));
-                None
-            }
-            Ok(Err(_)) => None,
+            Ok(_) => None,
             Err(_) => {
                 self.stats.read_timeouts.fetch_add(1, Ordering::Relaxed);
                 None
@@ -584,6 +641,63 @@ fn slice_fits(index: u64, slice_bytes: u64, length: Option<u64>, len: u64) -> bo
             start < length && len == (length - start).min(slice_bytes)
         }
         None => len <= slice_bytes,
+    }
+}
+
+/// What a read's blocking task needs: every file operation of a read (the read, and what a
+/// failed one does to its file) runs there, never on the request's thread, and without the index
+/// lock held across it, so a stalled disk stalls no request beyond its read timeout.
+struct Reader {
+    root: PathBuf,
+    slice_bytes: u64,
+    index: Arc<Mutex<Index>>,
+    jobs: mpsc::UnboundedSender<Job>,
+    pending: Arc<AtomicUsize>,
+    stats: Arc<DiskStats>,
+}
+
+impl Reader {
+    /// Reads and verifies slice `key`, listed under tick `listed`, of an object of `length`
+    /// bytes (if known). A file proven bad is unlisted and handed to the writer to delete; one
+    /// that is gone (deleted behind the tier's back) is unlisted, so the slice can be written
+    /// again; one that fails otherwise (descriptors exhausted, permission, a passing I/O error)
+    /// is a miss that stays. Either unlisting happens only while the listing is the one read
+    /// from (the writer lists a slice written again under a new tick, once its file exists).
+    fn read(&self, key: SliceKey, listed: u64, length: Option<u64>) -> Option<Bytes> {
+        let path = slice_path(&self.root, &key);
+        let slice_bytes = self.slice_bytes;
+        let err = match read_slice(&path, |len| slice_fits(key.index, slice_bytes, length, len)) {
+            Ok(bytes) => return Some(bytes),
+            Err(e) => e,
+        };
+        let unlist = || {
+            let mut idx = self.index.lock().expect("disk index");
+            let same = idx.slices.get(&key).is_some_and(|&(_, t)| t == listed);
+            if same {
+                idx.remove(&key);
+            }
+            same
+        };
+        match err {
+            ReadError::Io(e) => {
+                self.stats.read_errors.fetch_add(1, Ordering::Relaxed);
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    unlist();
+                }
+            }
+            _ => {
+                self.stats.corrupt.fetch_add(1, Ordering::Relaxed);
+                if unlist() {
+                    self.pending.fetch_add(1, Ordering::AcqRel);
+                    if self.jobs.send(Job::Discard(key)).is_err() {
+                        // The writer is gone (the runtime is shutting down): the file is
+                        // unlisted, and checked again at the next start.
+                        self.pending.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+            }
+        }
+        None
     }
 }
 
@@ -768,8 +882,53 @@ fn read_slice(path: &Path, fits: impl Fn(u64) -> bool) -> Result<Bytes, ReadErro
     Ok(Bytes::from(data))
 }
 
+/// The name a file is written under before its rename: its own, this process's id and `.tmp`.
+/// Two processes over one directory (the old and the new binary during an upgrade) never write
+/// the same temporary file, and neither's start deletes the other's half-written ones
+/// ([`tmp_leftover`]).
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".{}.tmp", std::process::id()));
+    path.with_file_name(name)
+}
+
+/// Whether `name` (at `path`) is a temporary file to delete at start: written by a process no
+/// longer alive, or last modified over [`TMP_LEFTOVER`] ago (whoever wrote it: a name without a
+/// process id is an older binary's). `None`: not a temporary file's name.
+fn tmp_leftover(name: &str, path: &Path) -> Option<bool> {
+    let stem = name.strip_suffix(".tmp")?;
+    let pid = stem
+        .rsplit_once('.')
+        .and_then(|(_, pid)| pid.parse::<i32>().ok())
+        .filter(|&pid| pid > 0);
+    if pid.is_some_and(|pid| !process_alive(pid)) {
+        return Some(true);
+    }
+    // A file that went meanwhile (renamed by its writer) is not one to delete.
+    let old = std::fs::symlink_metadata(path)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > TMP_LEFTOVER));
+    Some(old)
+}
+
+/// Whether process `pid` runs (as far as this process may know: one it may not signal runs).
+fn process_alive(pid: i32) -> bool {
+    #[cfg(unix)]
+    {
+        // SAFETY: signal 0 sends nothing; it only checks that `pid` exists.
+        let sent = unsafe { libc::kill(pid, 0) } == 0;
+        sent || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        // Unknown: the file's age decides.
+        let _ = pid;
+        true
+    }
+}
+
 fn write_file_atomically(path: &Path, parts: &[&[u8]]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
+    let tmp = tmp_path(path);
     let result = (|| {
         let mut open = std::fs::OpenOptions::new();
         open.write(true).create(true).truncate(true);
@@ -802,27 +961,96 @@ struct Writer {
     queued: Queued,
     stats: Arc<DiskStats>,
     pending: Arc<AtomicUsize>,
+    #[cfg(test)]
+    hooks: Arc<Hooks>,
 }
 
-async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
-    while let Some(job) = rx.recv().await {
+impl Writer {
+    /// Whether `job` is a slice queued for the write timeout or longer at `now`.
+    fn stale(&self, job: &Job, now: tokio::time::Instant) -> bool {
+        job.since()
+            .is_some_and(|since| since + self.write_timeout <= now)
+    }
+
+    /// A job written, or dropped: no longer read from the queue nor pending.
+    fn done(&self, slice: Option<(SliceKey, u64)>) {
+        if let Some((key, seq)) = slice {
+            self.queued.lock().expect("disk queue").done(&key, seq);
+        }
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Drops a stale slice job: its budget and queue place are given back.
+    fn drop_stale(&self, job: Job) {
         let slice = match &job {
             Job::Slice(q) => Some((q.key, q.seq)),
             _ => None,
         };
-        let stale = matches!(&job, Job::Slice(q) if q.since.elapsed() > w.write_timeout);
-        if stale {
+        drop(job);
+        self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        self.done(slice);
+    }
+}
+
+async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
+    // Jobs taken off the channel while a write ran, in their order.
+    let mut backlog: VecDeque<Job> = VecDeque::new();
+    loop {
+        let job = match backlog.pop_front() {
+            Some(job) => job,
+            None => match rx.recv().await {
+                Some(job) => job,
+                None => break,
+            },
+        };
+        if w.stale(&job, tokio::time::Instant::now()) {
             // The disk is slower than slices arrive: drop rather than hold budget for ever.
-            w.stats.dropped.fetch_add(1, Ordering::Relaxed);
-        } else {
-            let w2 = w.clone();
-            let _ = tokio::task::spawn_blocking(move || run_job(&w2, job)).await;
+            w.drop_stale(job);
+            continue;
         }
-        // Written and indexed, or dropped: either way no longer read from the queue.
-        if let Some((key, seq)) = slice {
-            w.queued.lock().expect("disk queue").done(&key, seq);
+        let slice = match &job {
+            Job::Slice(q) => Some((q.key, q.seq)),
+            _ => None,
+        };
+        let w2 = w.clone();
+        let mut write = tokio::task::spawn_blocking(move || {
+            #[cfg(test)]
+            Hooks::run(&w2.hooks.write);
+            run_job(&w2, job)
+        });
+        // One job at a time, and a write may never return (a hard NFS mount, a dying disk):
+        // meanwhile the slices queued behind it go as they reach the write timeout, giving back
+        // their budget and queue places. Checked only as each was dequeued, they held the whole
+        // transit budget behind a hung write, and every fill waited for it.
+        loop {
+            let due = backlog
+                .iter()
+                .filter_map(Job::since)
+                .min()
+                .unwrap_or_else(tokio::time::Instant::now)
+                + w.write_timeout;
+            tokio::select! {
+                biased;
+                _ = &mut write => break,
+                () = tokio::time::sleep_until(due) => {
+                    while let Ok(job) = rx.try_recv() {
+                        backlog.push_back(job);
+                    }
+                    let now = tokio::time::Instant::now();
+                    let mut kept = VecDeque::with_capacity(backlog.len());
+                    for job in backlog.drain(..) {
+                        if w.stale(&job, now) {
+                            w.drop_stale(job);
+                        } else {
+                            kept.push_back(job);
+                        }
+                    }
+                    backlog = kept;
+                }
+            }
         }
-        w.pending.fetch_sub(1, Ordering::AcqRel);
+        // Written and indexed, or failed: either way no longer read from the queue.
+        w.done(slice);
     }
 }
 
@@ -878,6 +1106,11 @@ fn run_job(w: &Writer, job: Job) {
             }
             remove_slices(id, generation, &slices);
         }
+        Job::Discard(key) => {
+            if !index.lock().expect("disk index").contains(&key) {
+                let _ = std::fs::remove_file(slice_path(root, &key));
+            }
+        }
         Job::Slice(q) => {
             let (key, slice) = (q.key, &q.slice);
             let size = slice.len + HEADER;
@@ -932,6 +1165,12 @@ fn load_metas(root: &Path) -> Vec<ObjectMeta> {
     };
     for e in dir.flatten() {
         let path = e.path();
+        if let Some(leftover) = tmp_leftover(&e.file_name().to_string_lossy(), &path) {
+            if leftover {
+                let _ = std::fs::remove_file(&path);
+            }
+            continue;
+        }
         // A record is a few KiB: one far larger is not read (nor kept).
         let small = e
             .metadata()
@@ -970,6 +1209,12 @@ fn load_slices(
         for e in dir.flatten() {
             let path = e.path();
             let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(leftover) = tmp_leftover(&name, &path) {
+                if leftover {
+                    let _ = std::fs::remove_file(&path);
+                }
+                continue;
+            }
             let ok = parse_slice_name(&name).and_then(|k| {
                 let &(generation, length) = versions.get(&k.object)?;
                 if generation != k.generation {
@@ -1293,6 +1538,9 @@ mod tests {
         assert_eq!(tier.read(key(1)).await.unwrap().len, 100);
         assert!(tier.read(key(2)).await.is_none());
         assert_eq!(tier.stats.corrupt.load(Ordering::Relaxed), 2);
+        assert!(!tier.contains(&key(0)) && !tier.contains(&key(2)));
+        // Their files go in the writer (not on the request's thread).
+        assert!(tier.flush(Duration::from_secs(10)).await);
         assert!(!slice_path(dir.path(), &key(0)).exists());
         assert!(!slice_path(dir.path(), &key(2)).exists());
     }
@@ -1600,5 +1848,265 @@ mod tests {
             read_slice(&path, |_| true),
             Err(ReadError::Length)
         ));
+    }
+
+    /// A hook that hangs until `release` is dropped, and says on `entered` each time it starts.
+    fn hang() -> (
+        Arc<dyn Fn() + Send + Sync>,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (entered_tx, entered) = std::sync::mpsc::channel::<()>();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let hook = Arc::new(move || {
+            let _ = entered_tx.send(());
+            let _ = release_rx.lock().unwrap().recv();
+        });
+        (hook, entered, release)
+    }
+
+    /// Finding: the writer took one job at a time and judged a queued slice's age only as it
+    /// dequeued it, so one write that never returned (a hard NFS mount, a dying disk) kept every
+    /// slice queued behind it, with its share of the budget, and every later fill waited for
+    /// budget for good. The slices behind a hung write go at the write timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_write_lets_the_slices_queued_behind_it_go() {
+        use crate::cache::budget::Budget;
+        use crate::cache::memory::MemoryTier;
+        let dir = tempfile::tempdir().unwrap();
+        let timeout = Duration::from_secs(10);
+        let tier = DiskTier::prepare(
+            dir.path(),
+            DiskOptions {
+                queue: 8,
+                write_timeout: timeout,
+                ..opts(1 << 30)
+            },
+        )
+        .unwrap();
+        let (hook, entered, release) = hang();
+        *tier.hooks.write.lock().unwrap() = Some(hook);
+        tier.start().unwrap();
+        let slice_bytes = 1 << 20;
+        let budget = Budget::new(
+            64 * slice_bytes,
+            slice_bytes,
+            Arc::new(MemoryTier::new(64 * slice_bytes, slice_bytes)),
+        );
+        let slice = Slice::new(vec![Bytes::from(vec![1u8; 100])]);
+        tier.write_slice(
+            key(0),
+            slice.clone(),
+            Some(budget.reserve(slice_bytes).await),
+        )
+        .await;
+        // The writer takes it up, and its write hangs.
+        let mut hung = false;
+        for _ in 0..10_000 {
+            tokio::task::yield_now().await;
+            if entered.try_recv().is_ok() {
+                hung = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(hung, "the writer never started the first write");
+        for i in 1..=4 {
+            tier.write_slice(
+                key(i),
+                slice.clone(),
+                Some(budget.reserve(slice_bytes).await),
+            )
+            .await;
+        }
+        assert_eq!(budget.in_transit(), 5 * slice_bytes);
+        assert_eq!(tier.pending(), 5);
+        // The write timeout passes, the write still hung.
+        tokio::time::advance(timeout).await;
+        for _ in 0..1000 {
+            if tier.pending() == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(tier.pending(), 1, "slices kept behind a hung write");
+        assert_eq!(budget.in_transit(), slice_bytes, "budget held");
+        assert_eq!(tier.slots.available_permits(), 7, "queue places held");
+        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 4);
+        assert!((1..=4).all(|i| !tier.contains(&key(i))));
+        assert!(tier.contains(&key(0)), "still read from the queue");
+        // The disk answers again: the hung write ends, and later slices are written.
+        drop(release);
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        tier.write_slice(key(5), slice.clone(), None).await;
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        assert!(tier.written(&key(0)) && tier.written(&key(5)));
+        assert_eq!(budget.in_transit(), 0);
+    }
+
+    /// Finding: every disk read was a blocking task of its own, so a stalled disk held one
+    /// blocking thread per request past its timeout (up to the whole pool, whose queue then
+    /// starved everything else run there). At most `READS` run at once; past that a read that
+    /// gets no place within its timeout is a miss that starts no blocking task.
+    #[tokio::test]
+    async fn reads_of_a_stalled_disk_hold_a_bounded_number_of_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, _) = DiskTier::open(
+            dir.path(),
+            DiskOptions {
+                read_timeout: Duration::from_secs(1),
+                ..opts(1 << 20)
+            },
+        )
+        .unwrap();
+        tier.write_slice(key(0), Slice::new(vec![Bytes::from(vec![1u8; 100])]), None)
+            .await;
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        let started = Arc::new(AtomicUsize::new(0));
+        let (hook, _entered, release) = hang();
+        let s = started.clone();
+        *tier.hooks.read.lock().unwrap() = Some(Arc::new(move || {
+            s.fetch_add(1, Ordering::SeqCst);
+            hook();
+        }));
+        let tier = Arc::new(tier);
+        let reads: Vec<_> = (0..READS)
+            .map(|_| {
+                let tier = tier.clone();
+                tokio::spawn(async move { tier.read(key(0)).await })
+            })
+            .collect();
+        for r in reads {
+            assert!(r.await.unwrap().is_none(), "a stalled read is a miss");
+        }
+        for _ in 0..2000 {
+            if started.load(Ordering::SeqCst) == READS {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(started.load(Ordering::SeqCst), READS);
+        // Every place is held by a read the disk does not answer: the next read is a miss,
+        // and takes no thread.
+        assert!(tier.read(key(0)).await.is_none());
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            READS,
+            "a read past the bound started a blocking task"
+        );
+        assert_eq!(
+            tier.stats.read_timeouts.load(Ordering::Relaxed),
+            READS as u64 + 1
+        );
+        // The disk answers again: the places come back, and so do hits.
+        drop(release);
+        for _ in 0..2000 {
+            if tier.reads.available_permits() == READS {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(tier.reads.available_permits(), READS);
+        assert_eq!(tier.read(key(0)).await.unwrap().len, 100);
+    }
+
+    /// What a failed read does to its file runs in its blocking task (never on the request's
+    /// thread): a file found bad after its read timed out is still unlisted, and the writer
+    /// deletes it.
+    #[tokio::test]
+    async fn a_bad_file_found_after_its_read_timed_out_still_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, _) = DiskTier::open(
+            dir.path(),
+            DiskOptions {
+                read_timeout: Duration::from_millis(100),
+                ..opts(1 << 20)
+            },
+        )
+        .unwrap();
+        tier.write_slice(key(0), Slice::new(vec![Bytes::from(vec![1u8; 100])]), None)
+            .await;
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        let path = slice_path(dir.path(), &key(0));
+        let mut raw = std::fs::read(&path).unwrap();
+        let last = raw.len() - 1;
+        raw[last] ^= 1;
+        std::fs::write(&path, &raw).unwrap();
+        let (hook, entered, release) = hang();
+        *tier.hooks.read.lock().unwrap() = Some(hook);
+        assert!(tier.read(key(0)).await.is_none());
+        assert_eq!(tier.stats.read_timeouts.load(Ordering::Relaxed), 1);
+        entered.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(tier.written(&key(0)));
+        drop(release);
+        for _ in 0..2000 {
+            if !tier.written(&key(0)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!tier.written(&key(0)), "a bad file left listed");
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        assert!(!path.exists());
+        assert_eq!(tier.stats.corrupt.load(Ordering::Relaxed), 1);
+    }
+
+    /// Finding: two processes over one directory (the old and the new binary during an
+    /// upgrade) wrote the same `<name>.tmp`, and the new one's start deleted the old one's
+    /// half-written files. Temporary names carry the process id; a start deletes only those of
+    /// processes no longer alive, or older than a minute.
+    #[tokio::test]
+    async fn a_start_keeps_the_temporary_files_of_a_live_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, _) = DiskTier::open(dir.path(), opts(1 << 20)).unwrap();
+        drop(tier);
+        let (slices, objects) = (dir.path().join("slices"), dir.path().join("objects"));
+        let me = std::process::id();
+        // Beyond any pid_max: no such process.
+        let dead = i32::MAX;
+        let name = |i| slice_name(&key(i));
+        let meta = meta_path(dir.path(), ObjectId(7));
+        let meta_name = meta.file_name().unwrap().to_str().unwrap();
+        assert_eq!(
+            tmp_path(&slices.join(name(0))),
+            slices.join(format!("{}.{me}.tmp", name(0)))
+        );
+        let kept = [
+            // This process's (here: a live writer's), and an older binary's without a pid.
+            slices.join(format!("{}.{me}.tmp", name(0))),
+            slices.join(format!("{}.tmp", name(1))),
+            objects.join(format!("{meta_name}.{me}.tmp")),
+            objects.join(format!("{}.tmp", ObjectId(7).hex())),
+        ];
+        let gone = [
+            slices.join(format!("{}.{dead}.tmp", name(2))),
+            objects.join(format!("{meta_name}.{dead}.tmp")),
+        ];
+        // A live process's, or one without a pid, not touched for two minutes.
+        let old = [
+            slices.join(format!("{}.{me}.tmp", name(3))),
+            slices.join(format!("{}.tmp", name(4))),
+        ];
+        for p in kept.iter().chain(&gone).chain(&old) {
+            std::fs::write(p, b"half written").unwrap();
+        }
+        let two_minutes_ago = std::time::SystemTime::now() - Duration::from_secs(120);
+        for p in &old {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(two_minutes_ago)
+                .unwrap();
+        }
+        let (tier, metas) = DiskTier::open(dir.path(), opts(1 << 20)).unwrap();
+        for p in &kept {
+            assert!(p.exists(), "{} deleted", p.display());
+        }
+        for p in gone.iter().chain(&old) {
+            assert!(!p.exists(), "{} kept", p.display());
+        }
+        assert!(metas.is_empty() && tier.bytes() == 0);
     }
 }
