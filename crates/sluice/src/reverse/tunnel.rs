@@ -137,18 +137,21 @@ impl Tunnels {
             return Err(Refused::Full);
         }
         let ip = client.to_canonical();
-        if self.per_client == 0 || self.exempt.iter().any(|n| n.contains(&ip)) {
+        if self.exempt.iter().any(|n| n.contains(&ip)) {
             return Ok(place);
         }
         let (key, site) = (network_of(ip), site_of(ip));
         let mut held = self.counts.held.lock().unwrap_or_else(|e| e.into_inner());
         let Held { by_client, by_48 } = &mut *held;
-        let full = by_client.get(&key).is_some_and(|&n| n >= self.per_client)
-            || site.is_some_and(|site| {
-                by_48
-                    .get(&site)
-                    .is_some_and(|&n| n >= self.per_client.saturating_mul(SHARES_PER_48))
-            });
+        // With no per-client bound (0) the tunnel is still counted: the share is live, and a
+        // reload that sets one counts the tunnels opened while there was none.
+        let full = self.per_client > 0
+            && (by_client.get(&key).is_some_and(|&n| n >= self.per_client)
+                || site.is_some_and(|site| {
+                    by_48
+                        .get(&site)
+                        .is_some_and(|&n| n >= self.per_client.saturating_mul(SHARES_PER_48))
+                }));
         if full {
             return Err(Refused::Client);
         }
@@ -361,6 +364,17 @@ mod tests {
         assert_eq!(capped.take(ip("198.51.100.2")).unwrap_err(), Refused::Full);
         drop((one, other));
         assert_eq!(capped.open(), 0);
+        // Tunnels opened with no per-client bound (0) are counted all the same: a reload that
+        // sets one refuses a client already holding it.
+        let unbounded = capped.reloaded(&server(Some(0), 100));
+        let two = [
+            unbounded.take(client).unwrap(),
+            unbounded.take(client).unwrap(),
+        ];
+        let bounded = unbounded.reloaded(&server(Some(2), 100));
+        assert_eq!(bounded.take(client).unwrap_err(), Refused::Client);
+        drop(two);
+        assert_eq!(bounded.open(), 0);
         assert!(capped.counts.held.lock().unwrap().by_client.is_empty());
     }
 }
