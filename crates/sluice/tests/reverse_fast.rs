@@ -1522,3 +1522,152 @@ async fn an_endless_run_of_interim_answers_is_a_502() {
     // Refused at once, not when the route's header timeout (2 s) ran out.
     assert!(started.elapsed() < Duration::from_millis(1500));
 }
+
+/// An origin's length fields on answers without a body: a 204 gets none (its `Content-Length`
+/// was relayed raw, `5, 7` and all), a 304's or a HEAD's answer keeps one valid decimal and
+/// loses anything else, as hyper writes them; the connection goes on after each.
+#[tokio::test]
+async fn length_fields_on_bodiless_answers_are_written_as_hyper_writes_them() {
+    let answer: Answer = Arc::new(|t: &str| match t {
+        "/204" => b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n".to_vec(),
+        "/204-two" => b"HTTP/1.1 204 No Content\r\nContent-Length: 5, 7\r\n\r\n".to_vec(),
+        "/304" => b"HTTP/1.1 304 Not Modified\r\nContent-Length: 99\r\n\r\n".to_vec(),
+        "/304-two" => b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5, 7\r\n\r\n".to_vec(),
+        "/head-bad" => b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n".to_vec(),
+        _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+    });
+    let (origin, _) = raw_origin(answer).await;
+    let p = Proxy::start(proxy_config(origin, true, "")).await;
+    let mut c = Client::to(&p).await;
+    for (request, status, length) in [
+        ("GET /api/204", 204, None),
+        ("GET /api/204-two", 204, None),
+        ("HEAD /api/204", 204, None),
+        ("GET /api/304", 304, Some("99")),
+        ("GET /api/304-two", 304, None),
+        ("HEAD /api/head-bad", 200, None),
+    ] {
+        let r = c
+            .ask(format!("{request} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
+            .await;
+        assert_eq!(r.status(), status, "{request}");
+        assert_eq!(
+            r.field("content-length").as_deref(),
+            length,
+            "{request}: {}",
+            r.head
+        );
+        assert_eq!(r.field("transfer-encoding"), None, "{request}");
+        // The same connection goes on: nothing was taken for a body.
+        let r = c.ask(b"GET /api/next HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert_eq!(r.body, b"ok", "after {request}");
+    }
+}
+
+/// What a slow origin saw of one request.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    /// Its connection was closed before it answered.
+    Cancelled,
+    /// It answered.
+    Answered,
+}
+
+/// An origin that answers `GET /wait/<ms>` with `ok` after that many milliseconds, unless its
+/// connection is closed first; it reports each request's fate.
+async fn slow_origin() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Seen>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = find(&buf, b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        if read_into(&mut s, &mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end);
+                    let ms: u64 = head
+                        .split(' ')
+                        .nth(1)
+                        .and_then(|t| t.strip_prefix("/wait/"))
+                        .and_then(|ms| ms.parse().ok())
+                        .unwrap_or(0);
+                    let mut probe = [0u8; 1];
+                    tokio::select! {
+                        read = s.read(&mut probe) => {
+                            if matches!(read, Ok(0) | Err(_)) {
+                                let _ = tx.send(Seen::Cancelled);
+                                return;
+                            }
+                            // A request sent before the answer: not in this test.
+                            return;
+                        }
+                        _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                    }
+                    let _ = tx.send(Seen::Answered);
+                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// A client that leaves while the origin works on its request cancels the request: the origin
+/// sees its connection closed (not after the route's header timeout, 60 s here: the origin
+/// answers after 15 s without the cancel), as on hyper's path. A client that waits, or that
+/// pipelined a second request before it shut its side, still gets its answers.
+#[tokio::test]
+async fn a_client_that_leaves_cancels_its_fast_path_request() {
+    let (origin, mut seen) = slow_origin().await;
+    let text = toml_of(origin, true).replace("header_timeout_secs = 2", "header_timeout_secs = 60");
+    let p = Proxy::start(config(&text)).await;
+
+    let mut c = Client::to(&p).await;
+    c.s.write_all(b"GET /api/wait/15000 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    // The request reached the origin (a byte of an answer would need the origin).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(c);
+    let fate = tokio::time::timeout(Duration::from_secs(20), seen.recv()).await;
+    assert_eq!(
+        fate.ok().flatten(),
+        Some(Seen::Cancelled),
+        "the origin request outlived its client"
+    );
+
+    // Still there (the origin answers after a few of the connection's ticks): answered.
+    let mut c = Client::to(&p).await;
+    let r = c
+        .ask(b"GET /api/wait/2500 HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    assert_eq!(r.body, b"ok");
+    assert_eq!(seen.recv().await, Some(Seen::Answered));
+
+    // Two requests in one write, then the client's side shut: both are answered.
+    let mut c = Client::to(&p).await;
+    c.s.write_all(
+        b"GET /api/wait/2500 HTTP/1.1\r\nHost: a\r\n\r\nGET /api/wait/0 HTTP/1.1\r\nHost: a\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    c.s.shutdown().await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(c.read().await.body, b"ok");
+    }
+}

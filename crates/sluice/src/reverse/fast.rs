@@ -265,7 +265,8 @@ impl Reverse {
                     None => headers.remove(header::TRANSFER_ENCODING),
                 };
             }
-            _ => {}
+            (BodyLength::Empty, _) => bodiless_fields(head.status, &mut headers),
+            (BodyLength::Coded, None) => {}
         }
         offer_alt_svc(&mut headers, alt_svc);
         let mut out = Vec::with_capacity(512);
@@ -306,6 +307,28 @@ fn plain_head_end(
 pub(super) fn offer_alt_svc(headers: &mut HeaderMap, alt_svc: Option<header::HeaderValue>) {
     if let Some(value) = alt_svc {
         headers.entry(header::ALT_SVC).or_insert(value);
+    }
+}
+
+/// The length fields of an answer without a body (`BodyLength::Empty`), as hyper writes them
+/// (and `fast_write`): none on a 1xx or 204, which may carry neither (RFC 9112 §6.1, RFC 9110
+/// §8.6); on a 304 or the answer to HEAD, where it tells the length of the GET answer, one
+/// `Content-Length` kept when it is one valid decimal, else dropped (`5, 7`, `abc`, two fields:
+/// a server's garbage is not relayed).
+pub(super) fn bodiless_fields(status: StatusCode, headers: &mut HeaderMap) {
+    if status.is_informational() || status == StatusCode::NO_CONTENT {
+        headers.remove(header::CONTENT_LENGTH);
+        headers.remove(header::TRANSFER_ENCODING);
+        return;
+    }
+    let mut values = headers.get_all(header::CONTENT_LENGTH).iter();
+    let valid = match (values.next(), values.next()) {
+        (Some(v), None) => response_head::decimal(v.as_bytes()).is_some(),
+        (None, _) => true,
+        _ => false,
+    };
+    if !valid {
+        headers.remove(header::CONTENT_LENGTH);
     }
 }
 
@@ -1010,6 +1033,7 @@ async fn round_trip(
         if conn.buf.capacity() - conn.buf.len() < 1024 {
             conn.buf.reserve(READ_BUF);
         }
+        let start = conn.buf.len();
         let n = conn
             .io
             .read_buf(&mut conn.buf)
@@ -1021,7 +1045,15 @@ async fn round_trip(
                 "connection closed before message completed".into(),
             ));
         }
+        // A head is only ever complete at an LF: a read that brought none, under the limit,
+        // changes no answer, and the head is not parsed again from its start (a server that
+        // sent a long head a byte at a time cost a parse of all of it per byte: quadratic).
+        if conn.buf.len() - at < MAX_RESPONSE_HEAD && !conn.buf[start..].contains(&b'\n') {
+            continue;
+        }
         loop {
+            #[cfg(test)]
+            tests::HEAD_PARSES.with(|n| n.set(n.get() + 1));
             match plain {
                 Some(Plain { via, hpack: false }) => {
                     let mut out = Vec::new();
@@ -1115,6 +1147,11 @@ mod tests {
     use http::uri::PathAndQuery;
     use http::HeaderValue;
 
+    thread_local! {
+        /// The looks at an upstream's response head `round_trip` took on this thread.
+        pub(super) static HEAD_PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
     /// The last field's last coding frames the body: `chunked` then `gzip` in two fields is
     /// a body read until close, named to the client as both codings.
     #[test]
@@ -1198,6 +1235,79 @@ mod tests {
             .await;
             assert_eq!(reused, !stray, "stray bytes: {stray}");
             drop(server);
+        }
+    }
+
+    /// A response head a server sends a byte at a time (an interim head first) is looked at once
+    /// per read that brought an LF (and once more past the interim head), not once per read:
+    /// parsing it all again after every byte was quadratic (a 64 KiB head cost about 4e9 bytes
+    /// scanned). Both ways of reading it (passed on as it came, or into a field map) still end
+    /// at the right place.
+    #[tokio::test]
+    async fn a_response_head_sent_a_byte_at_a_time_is_parsed_once_per_line() {
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let pool = Arc::new(FastPool {
+            servers: vec![Mutex::default()],
+            max_idle: 4,
+            idle_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(1),
+            sweeping: false.into(),
+        });
+        let mut answer =
+            b"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..4 {
+            answer.extend_from_slice(format!("X-{i}: {}\r\n", "v".repeat(100)).as_bytes());
+        }
+        answer.extend_from_slice(b"Content-Length: 2\r\n\r\nok");
+        let lines = answer.iter().filter(|&&b| b == b'\n').count();
+        for plain in [
+            None,
+            Some(Plain {
+                via: false,
+                hpack: false,
+            }),
+        ] {
+            let Ok(mut conn) = pool.connect(&addr).await else {
+                panic!("connect")
+            };
+            let (mut server, _) = listener.accept().await.unwrap();
+            server.set_nodelay(true).unwrap();
+            let sent = answer.clone();
+            let origin = tokio::spawn(async move {
+                let mut head = Vec::new();
+                while !head.ends_with(b"\r\n\r\n") {
+                    let mut byte = [0u8];
+                    tokio::io::AsyncReadExt::read_exact(&mut server, &mut byte)
+                        .await
+                        .unwrap();
+                    head.push(byte[0]);
+                }
+                for b in sent {
+                    server.write_all(&[b]).await.unwrap();
+                    // Each byte in a segment (and a read) of its own, mostly.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                server
+            });
+            HEAD_PARSES.with(|n| n.set(0));
+            let request = head(&[], Some("x"));
+            let Ok((got, body_at, length)) = round_trip(&mut conn, &request, &addr, plain).await
+            else {
+                panic!("no answer")
+            };
+            let parses = HEAD_PARSES.with(std::cell::Cell::get);
+            assert_eq!(got.status(), StatusCode::OK);
+            assert_eq!(length, BodyLength::Exact(2));
+            let _server = origin.await.unwrap();
+            assert!(
+                parses <= lines + 1,
+                "{parses} looks at a {}-byte head of {lines} lines (plain: {plain:?})",
+                answer.len()
+            );
+            // The head ended where it did: what follows is (a start of) the body.
+            assert!(b"ok".starts_with(&conn.buf[body_at..]));
         }
     }
 

@@ -255,7 +255,8 @@ impl Reverse {
             BodyLength::Coded | BodyLength::UntilClose => {
                 headers.remove(header::CONTENT_LENGTH);
             }
-            _ => {}
+            BodyLength::Empty => fast::bodiless_fields(status, &mut headers),
+            BodyLength::Exact(_) => {}
         }
         (status, headers, length, reusable)
     }

@@ -295,7 +295,12 @@ impl<H: Handler> Conn<H> {
                 // A whole head over the limit (one read may bring more than the limit): the
                 // screen under hyper answers it 431.
                 Some(Ok(Some(simple))) if simple.len > max_bytes => Step::HandOff,
-                Some(Ok(Some(simple))) => self.serve_one(simple, idle, &mut watch, peer).await,
+                Some(Ok(Some(simple))) => {
+                    // Bytes past this head: a pipelined request the client sent already.
+                    let pipelined = buf.len() > simple.len;
+                    self.serve_one(simple, pipelined, idle, &mut watch, peer)
+                        .await
+                }
                 Some(Ok(None)) if buf.len() > max_bytes => Step::HandOff,
                 Some(Ok(None)) => Step::Read,
             };
@@ -363,9 +368,11 @@ impl<H: Handler> Conn<H> {
     }
 
     /// Serves one classified request; `HandOff` when its route is not one the fast path serves.
+    /// `pipelined`: the head buffer holds bytes past this request's head.
     async fn serve_one<S: FastStream>(
         &self,
         simple: Simple<'_>,
+        pipelined: bool,
         idle: &mut Idle<S>,
         watch: &mut SendWatch,
         peer: SocketAddr,
@@ -383,6 +390,8 @@ impl<H: Handler> Conn<H> {
         protocol.fast_path(S::SECURE).inc();
         let stream = &mut idle.stream;
         let guard = stream.activity().begin();
+        // For a look at the client while its answer is under way: the proxying holds the stream.
+        let fd = std::os::fd::AsRawFd::as_raw_fd(stream.tcp().get_ref());
         let mut request = simple.request;
         request.close |= *self.stop.borrow();
         if S::SECURE {
@@ -405,7 +414,9 @@ impl<H: Handler> Conn<H> {
             )
         });
         // The send timeout is looked at once a tick while the response is under way, on the
-        // runtime's clock (a fast response never arms it).
+        // runtime's clock (a fast response never arms it); so is the client, which may have
+        // left (hyper's path sees that by reading while it answers, and cancels the origin
+        // request: here the request is dropped, and its upstream connection closed, too).
         let tick = Duration::from_secs(1).min(t.idle).min(t.send);
         let mut check_at = recent() + tick;
         let served = loop {
@@ -418,6 +429,12 @@ impl<H: Handler> Conn<H> {
                         tracing::debug!(%peer, "client stopped reading: send timeout, closing");
                         return Step::Closed;
                     }
+                    // A pipelined request behind this one is the client's (hyper's path, too,
+                    // waits when it holds one): it may have shut its side after sending it.
+                    if !pipelined && client_left(fd, S::SECURE) {
+                        tracing::debug!(%peer, "client left: request cancelled, closing");
+                        return Step::Closed;
+                    }
                 }
             }
         };
@@ -425,6 +442,44 @@ impl<H: Handler> Conn<H> {
             return Step::Closed;
         }
         Step::Next(simple.len)
+    }
+}
+
+/// Whether the client on socket `fd` has left while its answer is under way: the end of its
+/// stream or an error waits unread (a byte peeked, never taken). Bytes waiting are a request
+/// pipelined behind this one, and the client is still there; but over TLS (`secure`) they may
+/// be its `close_notify` alert, so there the client has left when it also shut its side
+/// (`POLLRDHUP`): no request can follow a `close_notify`. One system call (two over TLS when
+/// bytes wait), made only once a tick while an answer is slow, never per request.
+fn client_left(fd: std::os::fd::RawFd, secure: bool) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: `fd` is the client's socket, open while its request is served (the proxying holds
+    // the stream); one byte is peeked into `byte`, without blocking.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&raw mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n < 0 => !matches!(
+            std::io::Error::last_os_error().kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+        ),
+        _ if !secure => false,
+        _ => {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLRDHUP,
+                revents: 0,
+            };
+            // SAFETY: one valid `pollfd`, not waited on (timeout 0).
+            let ready = unsafe { libc::poll(&mut p, 1, 0) };
+            ready > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+        }
     }
 }
 
