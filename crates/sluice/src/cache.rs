@@ -121,6 +121,9 @@ pub(crate) struct Inner {
     /// Cold writers started and not yet holding a permit (`writer::Waiting`).
     waiting: AtomicUsize,
     revalidating: Mutex<HashSet<ObjectId>>,
+    /// Revalidations made for clients, one per object version at a time; the other requests
+    /// that find the object in need of one wait for its answer (`serve::Recheck`).
+    rechecks: Mutex<HashMap<(ObjectId, u64), Arc<serve::Recheck>>>,
     generation: AtomicU64,
     metrics: metrics::CacheMetrics,
     /// Who may purge; a reload swaps it (`Cache::set_purge`).
@@ -238,6 +241,7 @@ impl Cache {
             permits: Arc::new(Semaphore::new(config.max_inflight_slices)),
             waiting: AtomicUsize::new(0),
             revalidating: Mutex::new(HashSet::new()),
+            rechecks: Mutex::new(HashMap::new()),
             // Generations only need to differ between versions of one object; a random start
             // keeps them distinct across restarts too.
             generation: AtomicU64::new(u64::from_le_bytes(seed) >> 1 | 1),

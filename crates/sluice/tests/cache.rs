@@ -71,6 +71,8 @@ struct Obj {
     short_206: Option<u64>,
     /// A 206's complete length is `*` (a file still growing).
     star_length: bool,
+    /// Hold conditional requests (`If-None-Match`) until the test lets them go.
+    hold_conditionals: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Obj {
@@ -96,6 +98,7 @@ impl Obj {
             hide_from_cookie: false,
             short_206: None,
             star_length: false,
+            hold_conditionals: None,
         }
     }
 
@@ -199,6 +202,13 @@ async fn origin_handle(state: Arc<OriginState>, req: Request<Incoming>) -> Respo
         return Response::builder().status(404).body(empty()).unwrap();
     }
     tokio::time::sleep(obj.delay).await;
+    if let Some(gate) = obj
+        .hold_conditionals
+        .as_ref()
+        .filter(|_| seen.contains_key("if-none-match"))
+    {
+        drop(gate.acquire().await);
+    }
     if obj.fail {
         return Response::builder().status(500).body(empty()).unwrap();
     }
@@ -859,6 +869,142 @@ async fn an_invalidated_object_is_validated_before_any_reuse() {
             "{path}: a conditional request"
         );
     }
+}
+
+/// Sends `n` concurrent GETs for `path` while the origin holds its conditional answers, and
+/// lets them go once each request is either at the origin or waiting for another's
+/// revalidation (or after a bound, so a failure is an assertion, not a hang).
+async fn herd(
+    front: &Front,
+    origin: &OriginState,
+    path: &str,
+    n: usize,
+    gate: &tokio::sync::Semaphore,
+) -> Vec<support::Reply> {
+    let conditionals = || {
+        origin
+            .requests_for(path)
+            .iter()
+            .filter(|h| h.contains_key("if-none-match"))
+            .count() as u64
+    };
+    let (asked, waiting) = (
+        conditionals(),
+        metric(front, "sluice_cache_coalesced_waiters_total"),
+    );
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let url = front.url(path);
+            tokio::spawn(async move { request("GET", &url, &[]).await })
+        })
+        .collect();
+    for _ in 0..1000 {
+        let there = conditionals() - asked + metric(front, "sluice_cache_coalesced_waiters_total")
+            - waiting;
+        if there >= n as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    gate.add_permits(n);
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await.unwrap());
+    }
+    replies
+}
+
+/// Finding: after an invalidation (a soft purge, an unsafe method's success) or once a
+/// `must-revalidate` object went stale, every request for the object sent the origin its own
+/// conditional request: a hot object with 20 requests in flight cost 20 per purge. They are
+/// coalesced now as misses are: one revalidation, the others wait for its answer and serve the
+/// refreshed object, or follow the one refetch of the changed one.
+#[tokio::test]
+async fn concurrent_requests_after_an_invalidation_make_one_conditional_request() {
+    const N: usize = 20;
+    let (origin, oaddr) = start_origin().await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = |cache_control: &str| Obj {
+        hold_conditionals: Some(gate.clone()),
+        ..Obj::new(100, cache_control)
+    };
+    for path in ["/herd-purge", "/herd-post", "/herd-changed"] {
+        origin.set(path, held("max-age=60"));
+    }
+    origin.set("/herd-stale", held("max-age=1, must-revalidate"));
+    let front = start_front(config(64 * KIB), oaddr).await;
+    for path in ["/herd-purge", "/herd-post", "/herd-changed", "/herd-stale"] {
+        request("GET", &front.url(path), &[]).await;
+        assert_eq!(origin.count(path), 1);
+    }
+    let soft_purge = |path: &'static str| {
+        let url = front.url(path);
+        async move {
+            let r = request(
+                "PURGE",
+                &url,
+                &[("x-purge-key", "purge-secret"), ("x-purge-soft", "1")],
+            )
+            .await;
+            assert_eq!(
+                body(&r),
+                Bytes::from_static(b"{\"purged\":1,\"soft\":true}")
+            );
+        }
+    };
+    soft_purge("/herd-purge").await;
+    front
+        .cache
+        .invalidate(&[CacheKey::new("test", &"/herd-post".parse().unwrap())]);
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    for path in ["/herd-purge", "/herd-post", "/herd-stale"] {
+        let replies = herd(&front, &origin, path, N, &gate).await;
+        let conditionals = origin
+            .requests_for(path)
+            .iter()
+            .filter(|h| h.get("if-none-match").map(String::as_str) == Some("\"v1\""))
+            .count();
+        assert_eq!(conditionals, 1, "{path}: one conditional request for {N}");
+        assert_eq!(origin.count(path), 2, "{path}");
+        let mut collapsed = 0;
+        for r in &replies {
+            assert_eq!(r.status, StatusCode::OK, "{path}");
+            assert_eq!(body(r), Bytes::from(bytes_of(1, 0, 99)), "{path}");
+            let s = status_of(r);
+            assert!(s.contains("fwd=stale; fwd-status=304"), "{path}: {s}");
+            collapsed += s.contains("collapsed") as usize;
+        }
+        assert_eq!(collapsed, N - 1, "{path}");
+        if path != "/herd-stale" {
+            // Refreshed for everyone after (the stale one's 304 gave it a second).
+            let after = request("GET", &front.url(path), &[]).await;
+            assert!(status_of(&after).starts_with("sluice; hit"), "{path}");
+            assert_eq!(origin.count(path), 2, "{path}");
+        }
+    }
+
+    // The object changed: the one conditional request is answered with the new version, and
+    // everyone follows one refetch of it.
+    origin.update("/herd-changed", |o| o.version = 2);
+    soft_purge("/herd-changed").await;
+    let replies = herd(&front, &origin, "/herd-changed", N, &gate).await;
+    for r in &replies {
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(body(r), Bytes::from(bytes_of(2, 0, 99)), "{}", status_of(r));
+    }
+    let asked = origin.requests_for("/herd-changed");
+    assert_eq!(
+        asked.len(),
+        3,
+        "the first fill, one conditional request, one refetch"
+    );
+    assert_eq!(
+        asked
+            .iter()
+            .filter(|h| h.contains_key("if-none-match"))
+            .count(),
+        1
+    );
 }
 
 #[tokio::test]

@@ -98,7 +98,7 @@ impl CacheMetrics {
         r.register("requests", "Cached requests by outcome", m.requests.clone());
         r.register(
             "coalesced_waiters",
-            "Requests that followed a fill another request started",
+            "Requests that followed a fill or a revalidation another request started",
             m.coalesced.clone(),
         );
         r.register(

@@ -128,11 +128,17 @@ impl ObjectMeta {
     }
 }
 
-/// Copies the end-to-end headers of an origin response worth storing.
+/// Copies the end-to-end headers of an origin response worth storing: neither the hop-by-hop
+/// ones nor those its `Connection` names (RFC 9111 §3.1), which are about the connection the
+/// answer came on, not the response served later to other clients.
 pub fn stored_headers(from: &HeaderMap) -> HeaderMap {
     let mut out = HeaderMap::with_capacity(from.len());
+    let named = sluice_http::hop::connection_names(from);
     for (name, value) in from {
-        if NOT_STORED.contains(name) || name.as_str().starts_with("proxy-") || name == "keep-alive"
+        if NOT_STORED.contains(name)
+            || name.as_str().starts_with("proxy-")
+            || name == "keep-alive"
+            || named.contains(name)
         {
             continue;
         }
@@ -403,6 +409,42 @@ mod tests {
         m.variant = "v".repeat(20_000);
         let fields = head_bytes(&m.headers, &m.tags);
         assert_eq!(m.charge(), fields + 10_000 + 3 * 20_000 + OBJECT_BYTES);
+    }
+
+    /// Finding: `Connection` itself was left out of what is stored, but not the fields it
+    /// names (RFC 9111 §3.1), so a field the origin meant for the cache's connection alone
+    /// (a session hint, a per-connection quota) was stored and sent to every later client.
+    #[test]
+    fn fields_named_in_connection_are_not_stored() {
+        let mut from = HeaderMap::new();
+        from.append(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Conn-Only"),
+        );
+        from.append(header::CONNECTION, HeaderValue::from_static(" x-quota "));
+        from.insert("x-conn-only", HeaderValue::from_static("secret"));
+        from.insert("x-quota", HeaderValue::from_static("9"));
+        from.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        from.insert(header::ETAG, HeaderValue::from_static("\"v1\""));
+        from.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("max-age=60"),
+        );
+        let stored = stored_headers(&from);
+        let names: Vec<&str> = stored.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, ["etag", "cache-control"]);
+        // Nor does a 304's named field reach the stored head.
+        let mut not_modified = HeaderMap::new();
+        not_modified.insert(header::CONNECTION, HeaderValue::from_static("x-quota"));
+        not_modified.insert("x-quota", HeaderValue::from_static("8"));
+        not_modified.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("max-age=90"),
+        );
+        let mut merged = stored.clone();
+        merge_not_modified(&mut merged, &not_modified);
+        assert!(!merged.contains_key("x-quota"));
+        assert_eq!(merged[header::CACHE_CONTROL], "max-age=90");
     }
 
     #[test]

@@ -344,6 +344,13 @@ impl Inner {
 /// The keys a successful unsafe request invalidates (RFC 9111 §4.4): its target, and the
 /// `Location` / `Content-Location` of the answer when they name the same host. `host` is the
 /// request's authority (the `Host` header).
+///
+/// A reference names the same host when its host is `host`'s and its port the one `host` names
+/// (none: its own scheme's default port), so it holds for a route on any scheme. The base used
+/// to be `http://{host}`, whose default port (80) a route on https compared with its own
+/// absolute references' (443): `https://shop.example/items/7` was taken for another origin and
+/// left fresh. The scheme is not part of the key either (the route's scope and the path are),
+/// so the reference's key is the request's whatever scheme it names.
 pub fn invalidation_keys(
     scope: &str,
     host: &str,
@@ -359,17 +366,28 @@ pub fn invalidation_keys(
         "http://{host}{}",
         target.path_and_query().map(|p| p.as_str()).unwrap_or("/")
     );
+    // The base only resolves relative references (their scheme does not matter: the authority
+    // is compared as `host` names it).
     let Ok(base) = url::Url::parse(&base) else {
         return keys;
+    };
+    let Ok(authority) = host.parse::<http::uri::Authority>() else {
+        return keys;
+    };
+    let same_host = |u: &url::Url| {
+        u.host_str()
+            .is_some_and(|h| h.eq_ignore_ascii_case(authority.host()))
+            && match authority.port_u16() {
+                None => u.port().is_none(),
+                Some(port) => u.port_or_known_default() == Some(port),
+            }
     };
     for name in [header::LOCATION, header::CONTENT_LOCATION] {
         let Some(v) = resp_headers.get(&name).and_then(|v| v.to_str().ok()) else {
             continue;
         };
         let Ok(u) = base.join(v) else { continue };
-        if u.host_str() != base.host_str()
-            || u.port_or_known_default() != base.port_or_known_default()
-        {
+        if !same_host(&u) {
             continue;
         }
         let pq = match u.query() {
@@ -420,6 +438,60 @@ mod tests {
         );
         assert!(
             invalidation_keys("r", "shop.example", &target, StatusCode::BAD_REQUEST, &h).is_empty()
+        );
+    }
+
+    /// Finding: the base references were resolved and compared against was `http://{host}`
+    /// whatever the route's scheme, so on an https route the answer's absolute `Location`
+    /// (`https://shop.example/...`, port 443 against the base's 80) was taken for another host
+    /// and its object stayed fresh.
+    #[test]
+    fn locations_of_the_same_host_invalidate_on_any_scheme() {
+        let target: http::Uri = "/items".parse().unwrap();
+        let keys = |host: &str, location: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::LOCATION, HeaderValue::from_static(location));
+            invalidation_keys("r", host, &target, StatusCode::CREATED, &h)
+        };
+        let both = vec![CacheKey("r|/items".into()), CacheKey("r|/items/7".into())];
+        let target_only = vec![CacheKey("r|/items".into())];
+        // An https route's own absolute references, with and without the default port.
+        assert_eq!(keys("shop.example", "https://shop.example/items/7"), both);
+        assert_eq!(
+            keys("shop.example", "https://shop.example:443/items/7"),
+            both
+        );
+        assert_eq!(keys("Shop.Example", "https://shop.example/items/7"), both);
+        // Relative and scheme-relative ones, and a plain http route's.
+        assert_eq!(keys("shop.example", "/items/7"), both);
+        assert_eq!(keys("shop.example", "//shop.example/items/7"), both);
+        assert_eq!(keys("shop.example", "http://shop.example/items/7"), both);
+        // A port the Host names.
+        assert_eq!(
+            keys("shop.example:8443", "https://shop.example:8443/items/7"),
+            both
+        );
+        assert_eq!(
+            keys("shop.example:443", "https://shop.example/items/7"),
+            both
+        );
+        assert_eq!(keys("[::1]:8443", "https://[::1]:8443/items/7"), both);
+        // Another host or port is another origin's.
+        assert_eq!(
+            keys("shop.example", "https://other.example/items/7"),
+            target_only
+        );
+        assert_eq!(
+            keys("shop.example", "https://shop.example:8443/items/7"),
+            target_only
+        );
+        assert_eq!(
+            keys("shop.example:8443", "https://shop.example/items/7"),
+            target_only
+        );
+        assert_eq!(
+            keys("shop.example:80", "https://shop.example/items/7"),
+            target_only
         );
     }
 

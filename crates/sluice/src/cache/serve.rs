@@ -2,7 +2,7 @@
 //! miss, pass), then the response head; the body comes from `stream`.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
@@ -197,6 +197,19 @@ impl Inner {
         }
     }
 
+    /// A stored object that needs the origin's word before this use (stale, invalidated by a
+    /// purge or an unsafe method, or asked with `no-cache`). One revalidation per object version
+    /// at a time, as a cold miss has one fill: the first request asks the origin, and every
+    /// other one that finds the object so meanwhile waits for that answer (as long as a fill
+    /// waits for an origin's head, `origin_header_timeout_secs`) and serves the refreshed
+    /// object, or joins the miss that fetches the replaced one. Without that, a hot object
+    /// purged (or stale with `must-revalidate`) sent the origin one conditional request per
+    /// request in flight. An answer that was the first request's alone (a refusal, which may be
+    /// of a field it sent; none, because its client left) is no answer for the others: one of
+    /// them asks next. A failure is one for all (a copy `stale-if-error` allows is served), and
+    /// after [`FILL_ATTEMPTS`] of them the request gets a 502. A request whose own fields shape
+    /// the answer (its `Authorization`, its honoured `no-store`: `revalidate`) neither leads
+    /// nor joins: it asks alone, as before.
     async fn revalidate_and_respond(
         self: &Arc<Self>,
         parts: &Parts,
@@ -206,13 +219,122 @@ impl Inner {
         policy: &FreshnessPolicy,
         stale_if_error: bool,
     ) -> Response<Body> {
-        match self.revalidate(&meta, parts, &origin, policy).await {
+        let ask = Ask {
+            parts,
+            key,
+            meta,
+            origin,
+            policy,
+            stale_if_error,
+        };
+        if asks_alone(parts, policy) {
+            let outcome = self.revalidate(&ask.meta, parts, &ask.origin, policy).await;
+            return self.answer_revalidated(ask, outcome, false).await;
+        }
+        let mut failed = false;
+        for _ in 0..FILL_ATTEMPTS {
+            let mut heard = match self.lead_or_join(&ask.meta, key, &parts.headers) {
+                Turn::Moved => {
+                    // Refreshed or dropped since this request looked: decided again on what is
+                    // stored now.
+                    return Box::pin(self.serve(parts, key, ask.origin, policy)).await;
+                }
+                Turn::Lead(lead) => {
+                    let outcome = self.revalidate(&ask.meta, parts, &ask.origin, policy).await;
+                    lead.publish(Rechecked::of(&outcome));
+                    drop(lead);
+                    return self.answer_revalidated(ask, outcome, false).await;
+                }
+                Turn::Wait(heard) => heard,
+            };
+            self.metrics.coalesced.inc();
+            let wait = Duration::from_secs(self.config.origin_header_timeout_secs);
+            let shared = match tokio::time::timeout(wait, heard.wait_for(Option::is_some)).await {
+                Ok(Ok(answer)) => answer.clone().unwrap_or(Rechecked::Own),
+                // The leader went without a word (it publishes one even when its client leaves).
+                Ok(Err(_)) => Rechecked::Own,
+                Err(_) if ask.stale_if_error => Rechecked::Failed,
+                Err(_) => return error_response(StatusCode::GATEWAY_TIMEOUT, "origin timed out"),
+            };
+            match shared {
+                Rechecked::Fresh(meta) => {
+                    return self
+                        .answer_revalidated(ask, Revalidated::Fresh(meta), true)
+                        .await
+                }
+                Rechecked::Changed => {
+                    return self
+                        .answer_revalidated(ask, Revalidated::Changed, true)
+                        .await
+                }
+                Rechecked::Failed if ask.stale_if_error => {
+                    return self
+                        .answer_revalidated(ask, Revalidated::Failed(None), true)
+                        .await
+                }
+                Rechecked::Failed => failed = true,
+                Rechecked::Own => failed = false,
+            }
+        }
+        if failed {
+            return self
+                .answer_revalidated(ask, Revalidated::Failed(None), true)
+                .await;
+        }
+        // Every answer so far was another request's own: this one asks with its own fields.
+        let outcome = self.revalidate(&ask.meta, parts, &ask.origin, policy).await;
+        self.answer_revalidated(ask, outcome, false).await
+    }
+
+    /// Leads the revalidation of `meta`'s version, or waits for the one under way. `Moved`
+    /// when none is under way and the index no longer holds `meta`: a revalidation that ended
+    /// since this request looked has refreshed or dropped the object (it updates the index
+    /// before it leaves the map), and a second one would ask the origin again for nothing.
+    fn lead_or_join(&self, meta: &Arc<ObjectMeta>, key: &CacheKey, req: &HeaderMap) -> Turn<'_> {
+        let id = (meta.id, meta.generation);
+        let mut map = self.rechecks.lock().expect("rechecks");
+        if let Some(under_way) = map.get(&id) {
+            return Turn::Wait(under_way.answer.subscribe());
+        }
+        match self.index.lookup(&key.0, req, Instant::now()) {
+            Lookup::Hit(now) if Arc::ptr_eq(&now, meta) => {}
+            _ => return Turn::Moved,
+        }
+        let recheck = Arc::new(Recheck {
+            answer: tokio::sync::watch::channel(None).0,
+        });
+        map.insert(id, recheck.clone());
+        Turn::Lead(Leading {
+            inner: self,
+            id,
+            recheck,
+        })
+    }
+
+    /// The answer to a request that needed a revalidation, from its `outcome` (this request's
+    /// own, or the one it waited for: `collapsed`).
+    async fn answer_revalidated(
+        self: &Arc<Self>,
+        ask: Ask<'_>,
+        outcome: Revalidated,
+        collapsed: bool,
+    ) -> Response<Body> {
+        let Ask {
+            parts,
+            key,
+            meta,
+            origin,
+            policy,
+            stale_if_error,
+        } = ask;
+        match outcome {
             Revalidated::Fresh(meta) => {
                 self.metrics.result("revalidated");
                 // Forwarded, so not a `hit` in RFC 9211 terms, though the bytes are the cache's.
                 let status = CacheStatus {
                     fwd: Some(Forward::Stale),
                     fwd_status: Some(304),
+                    collapsed,
                     ttl: Some(meta.ttl(SystemTime::now())),
                     ..Default::default()
                 };
@@ -294,9 +416,11 @@ impl Inner {
         }
         let request_time = SystemTime::now();
         let started = Instant::now();
-        let resp = match origin.fetch(req).await {
-            Ok(r) => r,
-            Err(_) => {
+        // Bounded as a fill's fetch is: requests may be waiting for this answer.
+        let head_deadline = Duration::from_secs(self.config.origin_header_timeout_secs);
+        let resp = match tokio::time::timeout(head_deadline, origin.fetch(req)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) | Err(_) => {
                 self.metrics.origin_errors.inc();
                 return Revalidated::Failed(None);
             }
@@ -850,6 +974,102 @@ fn with_head(body: Body, code: StatusCode, headers: HeaderMap) -> Response<Body>
     *resp.status_mut() = code;
     *resp.headers_mut() = headers;
     resp
+}
+
+/// What a request that needed a revalidation brings to its answer.
+struct Ask<'a> {
+    parts: &'a Parts,
+    key: &'a CacheKey,
+    meta: Arc<ObjectMeta>,
+    origin: Arc<dyn Origin>,
+    policy: &'a FreshnessPolicy,
+    stale_if_error: bool,
+}
+
+/// Whether a request's own fields shape the revalidation's answer (`Inner::revalidate`): its
+/// credentials, or its `no-store` when honoured. Such a request neither waits for another's
+/// revalidation nor has others wait for its own.
+fn asks_alone(parts: &Parts, policy: &FreshnessPolicy) -> bool {
+    parts.headers.contains_key(header::AUTHORIZATION)
+        || (policy.request_directives == RequestDirectives::Honor
+            && parse_cache_control(&parts.headers).no_store)
+}
+
+/// One revalidation made for a client, in the in-flight map (`Inner::rechecks`): its answer,
+/// once there is one, for the requests that wait for it.
+pub(super) struct Recheck {
+    answer: tokio::sync::watch::Sender<Option<Rechecked>>,
+}
+
+/// What a revalidation's answer tells the requests that waited for it.
+#[derive(Clone)]
+pub(super) enum Rechecked {
+    /// Not modified: the object, refreshed and stored.
+    Fresh(Arc<ObjectMeta>),
+    /// The object was dropped (another version, or gone): a miss fetches what there is now.
+    Changed,
+    /// The origin failed (unreachable, no head in time, 5xx).
+    Failed,
+    /// An answer for the leading request alone (a refusal, which may be of a field it sent), or
+    /// none (its client left).
+    Own,
+}
+
+impl Rechecked {
+    fn of(outcome: &Revalidated) -> Rechecked {
+        match outcome {
+            Revalidated::Fresh(meta) => Rechecked::Fresh(meta.clone()),
+            Revalidated::Changed => Rechecked::Changed,
+            Revalidated::Failed(_) => Rechecked::Failed,
+            Revalidated::Refused(_) | Revalidated::Pass => Rechecked::Own,
+        }
+    }
+}
+
+/// A request's part in the revalidation of an object version.
+enum Turn<'a> {
+    Lead(Leading<'a>),
+    Wait(tokio::sync::watch::Receiver<Option<Rechecked>>),
+    /// The object stored is no longer the one the request found.
+    Moved,
+}
+
+/// The leading request's hold on a revalidation: the answer it publishes reaches every waiter,
+/// and dropped (published or not: a client that leaves cancels its request's future) it leaves
+/// the map, having told the waiters [`Rechecked::Own`] if it had told them nothing.
+struct Leading<'a> {
+    inner: &'a Inner,
+    id: (ObjectId, u64),
+    recheck: Arc<Recheck>,
+}
+
+impl Leading<'_> {
+    fn publish(&self, answer: Rechecked) {
+        self.recheck.answer.send_replace(Some(answer));
+    }
+}
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        self.recheck.answer.send_if_modified(|answer| {
+            let unset = answer.is_none();
+            if unset {
+                *answer = Some(Rechecked::Own);
+            }
+            unset
+        });
+        let mut map = self
+            .inner
+            .rechecks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if map
+            .get(&self.id)
+            .is_some_and(|r| Arc::ptr_eq(r, &self.recheck))
+        {
+            map.remove(&self.id);
+        }
+    }
 }
 
 enum Revalidated {
