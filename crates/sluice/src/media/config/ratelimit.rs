@@ -53,8 +53,11 @@ impl RateLimitConfig {
                 );
             }
         }
-        if self.max_hosts == 0 {
-            anyhow::bail!("media.ratelimit.max_hosts must be at least 1");
+        // At least 2: a request paced both ways holds its own entry and the host's. At most
+        // 65,536: idle entries are forgotten under the table's lock, and each costs about a
+        // kilobyte with its indexes.
+        if !(2..=MAX_HOSTS).contains(&self.max_hosts) {
+            anyhow::bail!("media.ratelimit.max_hosts must be in 2..={MAX_HOSTS}");
         }
         if self.max_wait_secs > 600 {
             anyhow::bail!("media.ratelimit.max_wait_secs must be at most 600");
@@ -63,9 +66,31 @@ impl RateLimitConfig {
     }
 }
 
+/// The most pacing entries a config may ask for.
+const MAX_HOSTS: usize = 65_536;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One entry cannot pace a request both ways (its own and the host's), and a table of
+    /// millions would be swept under its lock.
+    #[test]
+    fn max_hosts_is_in_range() {
+        for (n, ok) in [
+            (0, false),
+            (1, false),
+            (2, true),
+            (65_536, true),
+            (65_537, false),
+        ] {
+            let c = RateLimitConfig {
+                max_hosts: n,
+                ..Default::default()
+            };
+            assert_eq!(c.validate().is_ok(), ok, "max_hosts = {n}");
+        }
+    }
 
     fn with(host: &str, ms: u64) -> RateLimitConfig {
         RateLimitConfig {
