@@ -699,3 +699,27 @@ async fn a_channel_two_clients_left_lingers_on_the_last_ones_share() {
     // Released for B's next channel, long before its linger would have ended.
     wait_joined(shared, false).await;
 }
+
+/// Attack: a client asks, past its start burst, for a group whose join fails (here the group's
+/// port is held by a socket that does not share it, so the gateway's bind fails: a 502). Each
+/// failed join took a start from the client's bucket, so a client whose joins kept failing was
+/// refused its next good channel with 429. A failed join gives its start back.
+#[tokio::test]
+async fn failed_joins_past_the_burst_do_not_refuse_the_next_good_start() {
+    use sluice::iptv::registry::START_BURST;
+    let mut cfg = config();
+    cfg.no_data_timeout_ms = 50;
+    let share = cfg.max_subscribers_per_client;
+    let gw = Gateway::start(cfg).await;
+    // Bound without SO_REUSEADDR: the gateway's socket for this group and port cannot bind.
+    let blocker = std::net::UdpSocket::bind("239.71.41.1:46410").unwrap();
+    let peer = "192.0.2.20:40000";
+    for i in 0..3 * START_BURST.max(share) {
+        let resp = ask_as(&gw, peer, "/udp/239.71.41.1:46410?iface=lo").await;
+        assert_eq!(resp.status(), 502, "attempt {i}: {}", text_of(resp).await);
+    }
+    drop(blocker);
+    // The next good start is not refused (no data: a 504, the group joined and left).
+    let resp = ask_as(&gw, peer, "/udp/239.71.41.2:46410?iface=lo").await;
+    assert_eq!(resp.status(), 504, "{}", text_of(resp).await);
+}

@@ -1020,12 +1020,11 @@ impl Pump {
         if members.is_empty() {
             return;
         }
-        match multicast::refresh(&members, self.ifindex) {
-            Ok(ifindex) => {
-                self.ifindex = ifindex;
+        match multicast::refresh(&members, &mut self.ifindex) {
+            Ok(()) => {
                 self.hub.metrics.refreshes.inc();
                 self.hub.last_rejoin.store(unix_now(), Ordering::Relaxed);
-                tracing::info!(%channel, ifindex, "multicast membership refreshed");
+                tracing::info!(%channel, ifindex = self.ifindex, "multicast membership refreshed");
             }
             Err(e) => {
                 self.hub.metrics.refresh_failures.inc();

@@ -191,9 +191,6 @@ impl Registry {
                     channel: label_value(&key.channel()),
                     interface: label_value(&key.group.interface),
                 };
-                if let (Some(client), true) = (client, joins) {
-                    self.spend_start(client, Instant::now());
-                }
                 // FCC only matters to a hub that is starting: an existing one already has
                 // the stream (and its history) for the new subscriber.
                 let started = Hub::start(
@@ -213,6 +210,12 @@ impl Registry {
                         return Err(e.into());
                     }
                 };
+                // Spent once the join is made: a failed one (no such interface, a join
+                // error) joined nothing, and must not bring the client nearer a 429. Checked
+                // and spent under this one table lock, so no other start comes between.
+                if let (Some(client), true) = (client, joins) {
+                    self.spend_start(client, Instant::now());
+                }
                 self.metrics.hubs.inc();
                 *lock(&hub.starter) = client;
                 table.insert(key, hub.clone());
@@ -443,14 +446,116 @@ impl Drop for Subscription {
         }
         self.registry.metrics.subscribers.dec();
         self.hub.metrics.subscribers.dec();
-        if self.hub.subscribers.fetch_sub(1, Ordering::AcqRel) == 1 {
-            // Nobody watches it now: the client leaving last answers for its linger, on its
-            // share. Cleared when another client started watching it, the hub would otherwise
-            // linger on nobody's (A starts it, B watches it too, both hang up). A subscriber
-            // joining meanwhile clears this again in `attach`, or leaves it harmless: a
-            // watched hub counts against no one's share.
-            *lock(&self.hub.starter) = self.client.peer.map(|p| client_of(p.ip()));
+        // The last subscriber's leave and its hand-off are one step under the hubs' table
+        // lock, where `attach` counts and clears, `make_room` reads the starter, and
+        // `remove_if_idle` reads the count: apart, a client attaching and leaving between
+        // the two had its own store overwritten by the earlier leaver's (who then answered
+        // for a linger it did not leave last), and `make_room` saw an unwatched hub on no
+        // one's share in between.
+        let last = {
+            let _table = self.registry.table();
+            let last = self.hub.subscribers.fetch_sub(1, Ordering::AcqRel) == 1;
+            if last {
+                // Nobody watches it now: the client leaving last answers for its linger, on
+                // its share. Cleared when another client started watching it, the hub would
+                // otherwise linger on nobody's (A starts it, B watches it too, both hang up).
+                *lock(&self.hub.starter) = self.client.peer.map(|p| client_of(p.ip()));
+            }
+            last
+        };
+        if last {
             self.hub.wake.notify_one();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::iptv::hub::HubSettings;
+    use crate::iptv::url::Mode;
+    use crate::net::multicast::Group;
+
+    fn registry() -> Arc<Registry> {
+        let settings = HubSettings {
+            ring_bytes: 64 * 1024,
+            history: 16 * 1024,
+            write_batch: 64 * 1024,
+            flush_interval: Duration::from_millis(50),
+            linger: Duration::from_secs(1),
+            stall_timeout: Duration::from_secs(1),
+            no_data_timeout: Duration::from_secs(1),
+            refresh: None,
+            reorder_window: 64,
+            recv_buffer: 1 << 20,
+            max_datagram: 2048,
+            rtsp: None,
+            fcc_ports: None,
+        };
+        let limits = Limits {
+            subscribers: 0,
+            per_hub: 0,
+            hubs: 0,
+            per_client: 1,
+        };
+        Arc::new(Registry::new(Metrics::default(), settings, limits))
+    }
+
+    /// A hub in the table with no source, as a started one is.
+    fn hub(registry: &Registry) -> Arc<Hub> {
+        let key = HubKey {
+            mode: Mode::Rtp,
+            group: Group {
+                group: std::net::Ipv4Addr::new(239, 1, 2, 3).into(),
+                port: 5000,
+                source: None,
+                interface: "lo".into(),
+            },
+            extras: None,
+            rtsp: None,
+        };
+        let labels = HubLabels {
+            channel: key.channel(),
+            interface: "lo".into(),
+        };
+        let hub = Hub::new(
+            key.clone(),
+            registry.metrics.hub(labels),
+            &registry.settings,
+        );
+        registry.table().insert(key, hub.clone());
+        hub
+    }
+
+    /// The last subscriber's leave and its hand-off of the hub (the starter record: who
+    /// answers for the linger) are one step under the hubs' table lock. The dropping thread is
+    /// stopped at the hand-off (the test holds the hub's starter lock) once the count is 0:
+    /// the table must still be held then. Free, a client could attach under it and leave
+    /// between the two, its own hand-off then overwritten by the earlier leaver's (who answered
+    /// for a linger it did not leave last), and `make_room` saw an unwatched hub on no one's
+    /// share.
+    #[test]
+    fn the_last_leave_hands_its_hub_over_under_the_table_lock() {
+        let registry = registry();
+        let hub = hub(&registry);
+        let b: std::net::SocketAddr = "192.0.2.2:40000".parse().unwrap();
+        let sub = registry.attach(hub.clone(), Some(b));
+        let starter = lock(&hub.starter);
+        let leaving = std::thread::spawn(move || drop(sub));
+        let mut looks = 0;
+        while hub.subscribers.load(Ordering::Acquire) > 0 {
+            looks += 1;
+            assert!(looks < 100_000, "the subscription never left");
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let table_free = registry.hubs.try_lock().is_ok();
+        drop(starter);
+        leaving.join().unwrap();
+        assert!(
+            !table_free,
+            "the hubs' table was free between the last leave and its hand-off"
+        );
+        assert_eq!(*lock(&hub.starter), Some(b.ip()));
+        assert!(unwatched_by(&hub, b.ip()));
     }
 }

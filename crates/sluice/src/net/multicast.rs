@@ -88,10 +88,17 @@ pub fn open(g: &Group, recv_buffer: usize) -> io::Result<Socket> {
 
 /// Leaves on every socket of `members`, then joins on every one again, so routers and
 /// snooping switches see a fresh report (the kernel sends one only when the membership all of
-/// them share goes and comes back). All name one interface. Returns the interface index used,
-/// which changes when the interface was recreated.
-pub fn refresh(members: &[(&Socket, &Group)], old_ifindex: u32) -> io::Result<u32> {
-    refresh_by(members, old_ifindex, |sock, g, ifindex, joining| {
+/// them share goes and comes back). All name one interface, whose index is resolved again
+/// here: the joins are made on the interface as it is now, and `ifindex` (the index they were
+/// last made on) becomes that one, failed or not, for the next refresh to leave on. It
+/// changes when the interface was deleted and made again.
+///
+/// The leaves are made on the old index and, when the name now resolves to another, on that
+/// one too: a socket may already hold the group there (the FCC path joins by name after the
+/// hub took its index), and a join where it is held fails (`EADDRINUSE`) and sends nothing,
+/// refresh after refresh.
+pub fn refresh(members: &[(&Socket, &Group)], ifindex: &mut u32) -> io::Result<()> {
+    refresh_by(members, ifindex, |sock, g, ifindex, joining| {
         if joining {
             join(sock, g, ifindex)
         } else {
@@ -103,25 +110,32 @@ pub fn refresh(members: &[(&Socket, &Group)], old_ifindex: u32) -> io::Result<u3
 /// `refresh`, with the leave or join (`true`) of one socket done by `op`.
 fn refresh_by(
     members: &[(&Socket, &Group)],
-    old_ifindex: u32,
+    ifindex: &mut u32,
     mut op: impl FnMut(&Socket, &Group, u32, bool) -> io::Result<()>,
-) -> io::Result<u32> {
+) -> io::Result<()> {
     let Some((_, first)) = members.first() else {
-        return Ok(old_ifindex);
+        return Ok(());
     };
-    for (sock, g) in members {
-        // Best effort: the old membership may already be gone with its interface.
-        let _ = op(sock, g, old_ifindex, false);
+    let now = interface_index(&first.interface);
+    let old = *ifindex;
+    let mut left_on = vec![old];
+    left_on.extend(now.as_ref().ok().filter(|&&i| i != old));
+    for &index in &left_on {
+        for (sock, g) in members {
+            // Best effort: the old membership may already be gone with its interface, and a
+            // socket holds the new index only when it joined there apart from the hub.
+            let _ = op(sock, g, index, false);
+        }
     }
-    let ifindex = interface_index(&first.interface)?;
+    *ifindex = now?;
     // Every socket is joined again even when one fails: the first error is the answer.
     let mut failed = None;
     for (sock, g) in members {
-        if let Err(e) = op(sock, g, ifindex, true) {
+        if let Err(e) = op(sock, g, *ifindex, true) {
             failed.get_or_insert(e);
         }
     }
-    failed.map_or(Ok(ifindex), Err)
+    failed.map_or(Ok(()), Err)
 }
 
 fn join(sock: &Socket, g: &Group, ifindex: u32) -> io::Result<()> {
@@ -270,7 +284,8 @@ mod tests {
         // What `/proc/net/igmp` said just before each join.
         let mut before_joins = Vec::new();
         let members = [(&media_sock, &media), (&fec_sock, &fec)];
-        let got = refresh_by(&members, ifindex, |sock, g, i, joining| {
+        let mut got = ifindex;
+        refresh_by(&members, &mut got, |sock, g, i, joining| {
             if joining {
                 before_joins.push(users_on_lo(group));
                 join(sock, g, i)
@@ -287,9 +302,59 @@ mod tests {
         );
         assert_eq!(users_on_lo(group), Some(2), "both sockets joined again");
         // The real one does the same (its effect seen only as the membership kept).
-        assert_eq!(refresh(&members, ifindex).unwrap(), ifindex);
+        refresh(&members, &mut got).unwrap();
+        assert_eq!(got, ifindex);
         assert_eq!(users_on_lo(group), Some(2));
         drop((media_sock, fec_sock));
+        assert_eq!(users_on_lo(group), None);
+    }
+
+    /// The index a refresh is given is one the interface no longer has (it was deleted and
+    /// made again), and the socket already holds the group on the new one (joined by name
+    /// after the hub took its index: the FCC path). The refresh leaves there too before it
+    /// joins, and goes on from the new index: leaving on the old one alone, its join found the
+    /// group held (`EADDRINUSE`), failed, and kept the old index, refresh after refresh.
+    #[test]
+    fn a_refresh_from_a_stale_index_leaves_and_joins_on_the_current_one() {
+        let group = Ipv4Addr::new(239, 77, 4, 2);
+        let member = Group {
+            group: group.into(),
+            port: 46705,
+            source: None,
+            interface: "lo".into(),
+        };
+        let sock = open(&member, 1 << 16).unwrap();
+        let lo = interface_index("lo").unwrap();
+        // An index no interface has now: the one the hub took before the interface went.
+        let stale = (1_000_000u32..)
+            .find(|&i| {
+                let mut name = [0 as libc::c_char; libc::IF_NAMESIZE];
+                // SAFETY: `name` has the IF_NAMESIZE bytes the call may write.
+                unsafe { libc::if_indextoname(i, name.as_mut_ptr()) }.is_null()
+            })
+            .unwrap();
+        let members = [(&sock, &member)];
+        for round in 0..2 {
+            let mut ifindex = if round == 0 { stale } else { lo };
+            let mut before_joins = Vec::new();
+            let refreshed = refresh_by(&members, &mut ifindex, |sock, g, i, joining| {
+                if joining {
+                    before_joins.push(users_on_lo(group));
+                    join(sock, g, i)
+                } else {
+                    leave(sock, g, i)
+                }
+            });
+            assert!(refreshed.is_ok(), "round {round}: {refreshed:?}");
+            assert_eq!(ifindex, lo, "round {round}");
+            assert_eq!(before_joins, [None], "round {round}: left before the join");
+            assert_eq!(users_on_lo(group), Some(1));
+        }
+        // The real one, from the stale index too.
+        let mut ifindex = stale;
+        refresh(&members, &mut ifindex).unwrap();
+        assert_eq!(ifindex, lo);
+        drop(sock);
         assert_eq!(users_on_lo(group), None);
     }
 }
