@@ -723,3 +723,37 @@ async fn failed_joins_past_the_burst_do_not_refuse_the_next_good_start() {
     let resp = ask_as(&gw, peer, "/udp/239.71.41.2:46410?iface=lo").await;
     assert_eq!(resp.status(), 504, "{}", text_of(resp).await);
 }
+
+/// Attack: a start that fails only after it joined the group (or sent an FCC request): here
+/// `?fec=` names a port held by a socket that does not share it, so the FEC socket, opened after
+/// the media join, cannot bind (a 502). Each such failure joined and left the group; it spends a
+/// start as a good one does, so past the burst the client gets 429. (A failure before any join
+/// gives its start back: the test above.)
+#[tokio::test]
+async fn starts_that_fail_after_joining_still_spend_a_start() {
+    use sluice::iptv::registry::START_BURST;
+    let mut cfg = config();
+    cfg.no_data_timeout_ms = 50;
+    let share = cfg.max_subscribers_per_client;
+    let gw = Gateway::start(cfg).await;
+    let blocker = std::net::UdpSocket::bind("239.71.41.3:46412").unwrap();
+    let peer = "192.0.2.21:40000";
+    let mut refused = None;
+    for i in 0..3 * START_BURST.max(share) {
+        let resp = ask_as(&gw, peer, "/rtp/239.71.41.3:46410?iface=lo&fec=46412").await;
+        match resp.status().as_u16() {
+            502 => {}
+            429 => {
+                refused = Some(i);
+                break;
+            }
+            other => panic!("attempt {i}: {other} {}", text_of(resp).await),
+        }
+    }
+    drop(blocker);
+    assert!(
+        refused.is_some(),
+        "{} failed starts after a join, none refused",
+        3 * START_BURST.max(share)
+    );
+}

@@ -191,6 +191,10 @@ impl Registry {
                     channel: label_value(&key.channel()),
                     interface: label_value(&key.group.interface),
                 };
+                // A start that may fail after it sent something: an FCC request goes out, and
+                // an FEC socket is opened after the media join, so their failures (a 502) come
+                // after traffic and still spend a start.
+                let sends_first = key.fec_port().is_some() || fcc.is_some();
                 // FCC only matters to a hub that is starting: an existing one already has
                 // the stream (and its history) for the new subscriber.
                 let started = Hub::start(
@@ -203,6 +207,9 @@ impl Registry {
                 let hub = match started {
                     Ok(hub) => hub,
                     Err(e) => {
+                        if let (Some(client), true, true) = (client, joins, sends_first) {
+                            self.spend_start(client, Instant::now());
+                        }
                         // No hub owns the series just made, and `unlink` never runs for it:
                         // each refused start (the RTSP session limit, a failed join) would
                         // leave its series, named by the client's path, for good.
@@ -211,7 +218,8 @@ impl Registry {
                     }
                 };
                 // Spent once the join is made: a failed one (no such interface, a join
-                // error) joined nothing, and must not bring the client nearer a 429. Checked
+                // error) joined nothing, and must not bring the client nearer a 429 (but for
+                // `sends_first`, above). Checked
                 // and spent under this one table lock, so no other start comes between.
                 if let (Some(client), true) = (client, joins) {
                     self.spend_start(client, Instant::now());
