@@ -11,14 +11,6 @@
 //! too, and taken from the tier the same way: `max_objects` records with 64 KiB of fields each
 //! held gigabytes beside a full tier. They may take at most half the budget ([`Budget::head_room`]);
 //! past that the object index drops its oldest objects, as it does past `max_objects`.
-//!
-//! A slice read from the disk tier for a response is charged too ([`Budget::hold`]), for as
-//! long as the response holds any of its bytes (the reservation rides with them, see
-//! `stream.rs`): the memory tier keeps it only while it is cold in the small S3-FIFO queue,
-//! and a slow client (an HTTP/2 stream whose window stays shut) held its own copy, outside the
-//! budget, until the send timeout; many such clients held gigabytes. Those bytes are capped at
-//! a quarter of the budget (at least one slice), apart from the transit's room so they never
-//! hold back a fill; a read that finds no room within the disk read timeout is a disk miss.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,9 +29,6 @@ struct Shared {
     total: u64,
     transit_cap: u64,
     room: Arc<Semaphore>,
-    /// The same for bytes read from disk that responses hold ([`Budget::hold`]).
-    hold_cap: u64,
-    hold_room: Arc<Semaphore>,
     /// Bytes held beside the tier; the lock also orders the tier's resizes.
     held: Mutex<Held>,
     /// The most bytes ever accounted (tier + transit), sampled at every change of a reservation
@@ -53,8 +42,6 @@ struct Shared {
 struct Held {
     /// Reserved by slices in transit.
     transit: u64,
-    /// Held by responses: slices they read from the disk tier.
-    from_disk: u64,
     /// Charged by the object index for the heads it holds. Signed: the index passes on each
     /// change after its own lock is gone, so a release may arrive before the charge it undoes;
     /// a count that clipped at zero kept that charge for good (the tier lost as much capacity).
@@ -68,25 +55,15 @@ impl Held {
     }
 
     fn total(&self) -> u64 {
-        self.transit
-            .saturating_add(self.from_disk)
-            .saturating_add(self.heads())
+        self.transit.saturating_add(self.heads())
     }
 }
 
-/// Bytes held for one slice in transit, or for one slice read from disk that a response holds;
-/// given back (and to the tier) when dropped.
+/// Bytes held for one slice in transit; given back (and to the tier) when dropped.
 pub struct Reservation {
     shared: Arc<Shared>,
     bytes: u64,
-    kind: Kind,
     _permit: OwnedSemaphorePermit,
-}
-
-#[derive(Clone, Copy)]
-enum Kind {
-    Transit,
-    Held,
 }
 
 impl Budget {
@@ -98,8 +75,6 @@ impl Budget {
                 total,
                 transit_cap,
                 room: Arc::new(Semaphore::new(transit_cap as usize)),
-                hold_cap: transit_cap,
-                hold_room: Arc::new(Semaphore::new(transit_cap as usize)),
                 held: Mutex::new(Held::default()),
                 peak: AtomicU64::new(0),
                 memory,
@@ -122,39 +97,8 @@ impl Budget {
         Reservation {
             shared: self.shared.clone(),
             bytes,
-            kind: Kind::Transit,
             _permit: permit,
         }
-    }
-
-    /// Takes `bytes` (at most one slice) from the tier for a slice read from disk that a
-    /// response will hold, waiting at most `wait` for room: `None` when the responses already
-    /// hold a quarter of the budget that long. Given back when the reservation is dropped.
-    pub async fn hold(&self, bytes: u64, wait: std::time::Duration) -> Option<Reservation> {
-        let bytes = bytes.min(self.shared.hold_cap);
-        let room = self.shared.hold_room.clone();
-        let permit = tokio::time::timeout(wait, room.acquire_many_owned(bytes as u32))
-            .await
-            .ok()?
-            .expect("the budget's semaphore is never closed");
-        self.shared
-            .adjust(|held| held.from_disk = held.from_disk.saturating_add(bytes));
-        Some(Reservation {
-            shared: self.shared.clone(),
-            bytes,
-            kind: Kind::Held,
-            _permit: permit,
-        })
-    }
-
-    /// The most [`Budget::hold`] gives out at once.
-    pub fn hold_cap(&self) -> u64 {
-        self.shared.hold_cap
-    }
-
-    /// Bytes read from disk that responses hold now.
-    pub fn held(&self) -> u64 {
-        self.shared.lock().from_disk
     }
 
     /// `memory_bytes`.
@@ -187,7 +131,7 @@ impl Budget {
         }
     }
 
-    /// Tier + transit + held + heads now.
+    /// Tier + transit + heads now.
     pub fn accounted(&self) -> u64 {
         let held = self.shared.lock();
         self.shared.memory.weight() + held.total()
@@ -229,14 +173,8 @@ impl Shared {
 impl Drop for Reservation {
     fn drop(&mut self) {
         let bytes = self.bytes;
-        match self.kind {
-            Kind::Transit => self
-                .shared
-                .adjust(|held| held.transit = held.transit.saturating_sub(bytes)),
-            Kind::Held => self
-                .shared
-                .adjust(|held| held.from_disk = held.from_disk.saturating_sub(bytes)),
-        }
+        self.shared
+            .adjust(|held| held.transit = held.transit.saturating_sub(bytes));
     }
 }
 
@@ -301,47 +239,6 @@ mod tests {
             "{}",
             budget.peak()
         );
-    }
-
-    /// Slices read from disk that responses hold are taken from the tier, capped apart from
-    /// transit (a fill still finds room), and a hold past the cap gives up after its wait.
-    #[tokio::test]
-    async fn bytes_held_from_disk_are_taken_from_the_tier_and_capped() {
-        let slice = 64 * 1024;
-        let memory = Arc::new(MemoryTier::new(16 * slice, slice));
-        let budget = Budget::new(16 * slice, slice, memory.clone());
-        for i in 0..32 {
-            memory.insert(
-                key(i),
-                Slice::new(vec![Bytes::from(vec![1u8; slice as usize])]),
-            );
-        }
-        let wait = std::time::Duration::from_millis(20);
-        let mut held = Vec::new();
-        for _ in 0..4 {
-            held.push(budget.hold(slice, wait).await.expect("room"));
-        }
-        assert_eq!((budget.held(), budget.hold_cap()), (4 * slice, 4 * slice));
-        assert!(
-            budget.hold(slice, wait).await.is_none(),
-            "held past the cap"
-        );
-        assert!(
-            memory.weight() <= 12 * slice + 16 * 128,
-            "{}",
-            memory.weight()
-        );
-        // Transit has its own room.
-        let fill = budget.reserve(slice).await;
-        assert_eq!(budget.in_transit(), slice);
-        assert!(budget.accounted() <= budget.total() + 16 * 128);
-        drop(fill);
-        held.pop();
-        assert_eq!(budget.held(), 3 * slice);
-        assert!(budget.hold(slice, wait).await.is_some(), "room again");
-        drop(held);
-        assert_eq!(budget.held(), 0);
-        assert!(budget.peak() <= budget.total() + 16 * 128);
     }
 
     /// Heads charged by the object index are taken from the tier like transit, and given back.

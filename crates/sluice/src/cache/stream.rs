@@ -20,7 +20,6 @@ use sluice_http::freshness::{FreshnessPolicy, RequestDirectives};
 use sluice_http::range::{slice_range, slices_covering, ByteRange, Multipart};
 use tokio::sync::mpsc;
 
-use super::budget::Reservation;
 use super::fill::{Event, FillEnd, FillReader};
 use super::object::{ObjectMeta, SliceKey};
 use super::serve::{clone_parts, shared_slice_request, FILL_ATTEMPTS};
@@ -376,8 +375,11 @@ impl Producer {
             if let Some(s) = self.inner.memory.get(&key) {
                 return self.send_stored(i, &s, from, to, true).await;
             }
-            if let Some(s) = self.read_disk(key).await {
-                return self.send_stored(i, &s, from, to, false).await;
+            if let Some(disk) = &self.inner.disk {
+                if let Some(s) = disk.read(key).await {
+                    self.inner.memory.insert(key, s.clone());
+                    return self.send_stored(i, &s, from, to, false).await;
+                }
             }
             let (fill, created) = self.inner.join_or_start(key, || {
                 warm_job(
@@ -397,37 +399,6 @@ impl Producer {
             }
         }
         Err(StreamError::Failed("origin failed".into()))
-    }
-
-    /// Slice `key` from the disk tier, as this body will hold it: its bytes carry a reservation
-    /// of the byte budget ([`Budget::hold`](super::budget::Budget::hold)), given back when the
-    /// last view of them is dropped, wherever it is then (this task, the channel, the
-    /// connection). The memory tier gets the plain slice: its S3-FIFO small queue may evict it
-    /// at once, and a slow client held its own copy outside the budget, one per response, for
-    /// as long as the send timeout. No room within the disk read timeout (responses hold a
-    /// quarter of the budget already): a miss, as a disk read that timed out, and the slice
-    /// comes from the origin.
-    async fn read_disk(&self, key: SliceKey) -> Option<super::memory::Slice> {
-        let disk = self.inner.disk.as_ref()?;
-        if !disk.contains(&key) {
-            return None;
-        }
-        let sr = slice_range(key.index, self.inner.slice_bytes, self.meta.length);
-        let wait = std::time::Duration::from_millis(self.inner.config.disk_read_timeout_ms);
-        let Some(reservation) = self
-            .inner
-            .budget
-            .hold(sr.end.saturating_sub(sr.start) + 1, wait)
-            .await
-        else {
-            disk.stats
-                .read_timeouts
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            return None;
-        };
-        let s = disk.read(key).await?;
-        self.inner.memory.insert(key, s.clone());
-        Some(held(s, reservation))
     }
 
     async fn send_stored(
@@ -571,32 +542,6 @@ impl Producer {
         let last = len < slice || self.meta.length.is_some_and(|l| (i + 1) * slice >= l);
         Ok((len, last))
     }
-}
-
-/// `s` with each chunk made the owner of `reservation` (shared): every view of the bytes keeps
-/// it, so the budget counts them until no one holds any.
-fn held(s: super::memory::Slice, reservation: Reservation) -> super::memory::Slice {
-    struct Held {
-        bytes: Bytes,
-        _reservation: Arc<Reservation>,
-    }
-    impl AsRef<[u8]> for Held {
-        fn as_ref(&self) -> &[u8] {
-            &self.bytes
-        }
-    }
-    let reservation = Arc::new(reservation);
-    let chunks = s
-        .chunks
-        .iter()
-        .map(|c| {
-            Bytes::from_owner(Held {
-                bytes: c.clone(),
-                _reservation: reservation.clone(),
-            })
-        })
-        .collect();
-    super::memory::Slice::new(chunks)
 }
 
 enum Follow {
@@ -1181,118 +1126,5 @@ mod tests {
         got.extend_from_slice(&rest);
         assert_eq!(got.len() as u64, OBJECT);
         assert!(got == bytes(0, OBJECT), "the object's bytes, in order");
-    }
-
-    /// An origin that answers every slice request at once, for an object of `len` bytes.
-    struct Ready {
-        len: u64,
-    }
-
-    impl Origin for Ready {
-        fn fetch(&self, req: Request<()>) -> OriginFuture {
-            let range = req.headers()[http::header::RANGE].to_str().unwrap();
-            let (a, b) = range["bytes=".len()..].split_once('-').unwrap();
-            let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap());
-            let b = b.min(self.len - 1);
-            let frames =
-                futures_util::stream::iter([Ok::<_, BoxError>(Frame::data(bytes(a, b - a + 1)))]);
-            let resp = Response::builder()
-                .status(StatusCode::PARTIAL_CONTENT)
-                .header("content-range", format!("bytes {a}-{b}/{}", self.len))
-                .header("content-length", (b - a + 1).to_string())
-                .header("cache-control", "max-age=60")
-                .header("etag", "\"v1\"")
-                .body(crate::body::boxed(http_body_util::StreamBody::new(frames)))
-                .unwrap();
-            Box::pin(async move { Ok(resp) })
-        }
-    }
-
-    /// Finding: a slice read from disk went into the memory tier's small S3-FIFO queue, evicted
-    /// at once by the next, and each response held its own copy outside the byte budget for as
-    /// long as its client did not read (an HTTP/2 stream with its window shut: until the send
-    /// timeout). Many slow readers of distinct slices on disk held one slice each, without
-    /// bound. Now what responses hold from disk is reserved in the budget, at most a quarter
-    /// of it; past that a reader waits (the disk read timeout), then fetches from the origin.
-    #[tokio::test]
-    async fn slow_readers_of_slices_on_disk_hold_no_more_than_the_budget_allows() {
-        const LEN: u64 = 16 * MIB;
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = CacheConfig {
-            memory_bytes: crate::cache::config::ByteSize(8 * MIB),
-            slice_bytes: crate::cache::config::ByteSize(MIB),
-            disk_path: Some(dir.path().to_path_buf()),
-            disk_read_timeout_ms: 100,
-            ..CacheConfig::default()
-        };
-        let mut registry = prometheus_client::registry::Registry::default();
-        let cache = Cache::new(&cfg, None, &mut registry).unwrap();
-        let origin: Arc<dyn Origin> = Arc::new(Ready { len: LEN });
-        let policy = CacheConfig::default().policy().freshness();
-        let request = |range: Option<String>| {
-            let mut req = Request::get("/object");
-            if let Some(r) = range {
-                req = req.header(http::header::RANGE, r);
-            }
-            req.body(()).unwrap().into_parts().0
-        };
-        let key = CacheKey::new("test", &request(None).uri);
-        // The whole object, stored and written to disk, then gone from the memory tier.
-        let whole = cache
-            .serve(&request(None), &key, origin.clone(), &policy)
-            .await;
-        let whole = whole.into_body().collect().await.unwrap().to_bytes();
-        assert!(whole == bytes(0, LEN));
-        let inner = &cache.inner;
-        let disk = inner.disk.as_ref().unwrap();
-        assert!(disk.flush(Duration::from_secs(10)).await, "written to disk");
-        let crate::cache::index::Lookup::Hit(meta) =
-            inner
-                .index
-                .lookup(&key.0, &http::HeaderMap::new(), std::time::Instant::now())
-        else {
-            panic!("the object is stored");
-        };
-        let slice_key = |index| SliceKey {
-            object: meta.id,
-            generation: meta.generation,
-            index,
-        };
-        for i in 0..LEN / MIB {
-            assert!(disk.contains(&slice_key(i)), "slice {i} on disk");
-            inner.memory.remove(&slice_key(i));
-        }
-        // Sixteen slow clients, each on its own slice: each reads one frame, then stops.
-        let from_disk = inner.metrics.bytes_disk.get();
-        let mut slow = Vec::new();
-        for i in 0..LEN / MIB {
-            let range = format!("bytes={}-{}", i * MIB, (i + 1) * MIB - 1);
-            let resp = cache
-                .serve(&request(Some(range)), &key, origin.clone(), &policy)
-                .await;
-            assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
-            let mut body = resp.into_body();
-            let head = frame(&mut body).await;
-            slow.push((i, head, body));
-        }
-        // Every byte read from disk for them is still held (the rest of its slice, queued).
-        let held = inner.metrics.bytes_disk.get() - from_disk;
-        let cap = inner.budget.hold_cap();
-        assert!(
-            held <= cap,
-            "slow responses hold {held} bytes read from disk, past {cap}"
-        );
-        assert!(held > 0, "the first ones were served from disk");
-        assert!(inner.budget.held() >= held, "what they hold is reserved");
-        assert!(inner.budget.accounted() <= inner.budget.total() + 16 * 128);
-        // Each gets the exact bytes of its range, from disk or the origin.
-        for (i, head, mut body) in slow {
-            let mut got = head.to_vec();
-            while let Some(f) = body.frame().await {
-                got.extend_from_slice(&f.unwrap().into_data().unwrap());
-            }
-            assert!(got == bytes(i * MIB, MIB), "slice {i}");
-        }
-        assert_eq!(inner.budget.held(), 0, "given back with the bytes");
     }
 }
