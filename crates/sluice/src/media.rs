@@ -216,6 +216,11 @@ impl Media {
         links::Links::new(ctx, self.keys.tokens().as_ref())
     }
 
+    /// `media.credential_hosts`, parsed once: the list DASH's settings hold serves HLS too.
+    pub(crate) fn credential_hosts(&self) -> &links::CredentialHosts {
+        &self.dash.settings.credential_hosts
+    }
+
     /// Whether `/proxy/stream` splices plain HTTP/1.1 bodies (`media.splice_stream`).
     pub fn splices_streams(&self) -> bool {
         self.settings.splice_stream
@@ -299,4 +304,34 @@ fn decode_segment(raw: &str) -> String {
     percent_encoding::percent_decode_str(raw)
         .decode_utf8_lossy()
         .into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// HLS requests use the one list parsed at start (the one DASH's settings hold), not a new
+    /// parse of `media.credential_hosts` per request.
+    #[tokio::test]
+    async fn hls_and_dash_share_one_parsed_credential_hosts_list() {
+        let mut registry = Registry::default();
+        let upstream =
+            Upstream::new(&crate::upstream::UpstreamConfig::default(), &mut registry).unwrap();
+        let keys = Keys::new(&crate::auth::AuthConfig::default());
+        let config = MediaConfig {
+            credential_hosts: vec!["*.example.com".into()],
+            ..MediaConfig::default()
+        };
+        let media = Media::new(upstream, keys, &config, None, None, &mut registry).unwrap();
+        let d = url::Url::parse("https://www.example.com/m.m3u8").unwrap();
+        let hls = hls::credential_scope(&media, &d);
+        let dash = dash::credential_scope(&media.dash, &d);
+        let cdn = url::Url::parse("https://cdn.example.com/a.ts").unwrap();
+        assert_eq!(hls.reach(&cdn), links::Reach::Credentials);
+        assert_eq!(dash.reach(&cdn), links::Reach::Credentials);
+        assert!(hls.hosts().is_same_list(dash.hosts()));
+        assert!(media
+            .credential_hosts()
+            .is_same_list(&media.dash.settings.credential_hosts));
+    }
 }

@@ -15,7 +15,7 @@ use sluice_media::dash::proxy::Part;
 use sluice_media::hls::{self as rewriter, SegmentExt, Sniff, Target};
 use sluice_media::query::ProxyParams;
 
-use super::links::{CredentialHosts, CredentialScope, Reach};
+use super::links::{CredentialScope, Reach};
 use super::Media;
 use super::{stream, transform};
 use crate::body::{self, Body};
@@ -119,7 +119,7 @@ async fn segment(
         .await?;
     media
         .prefetcher
-        .segment_fetched(&part, &upstream_headers, &credential_hosts(media));
+        .segment_fetched(&part, &upstream_headers, media.credential_hosts());
     let bytes = match transformer {
         Some(t) => transform::apply_whole(bytes, t),
         None => bytes,
@@ -352,14 +352,9 @@ async fn rewrite(
     })
 }
 
-/// Where credentials given with `d` go (`media.credential_hosts`).
+/// Where credentials given with `d` go (`media.credential_hosts`, parsed once at start).
 pub(super) fn credential_scope(media: &Media, d: &url::Url) -> CredentialScope {
-    CredentialScope::new(d, credential_hosts(media))
-}
-
-/// `media.credential_hosts`.
-pub(super) fn credential_hosts(media: &Media) -> CredentialHosts {
-    CredentialHosts::from_config(&media.settings.credential_hosts)
+    CredentialScope::new(d, media.credential_hosts().clone())
 }
 
 /// A 502 booked to the origin whose playlist at `base` cannot be served.
@@ -502,7 +497,7 @@ mod tests {
             links: super::super::links::Links::new(&ctx, None),
             scope: CredentialScope::new(
                 &url::Url::parse("http://o/l.m3u8").unwrap(),
-                CredentialHosts::default(),
+                super::super::links::CredentialHosts::default(),
             ),
             playlist: Vec::new(),
             segment: Vec::new(),

@@ -114,31 +114,49 @@ pub enum Reach {
 }
 
 /// `media.credential_hosts`: hosts (`name` or `*.domain`) that get a viewer's credentials besides
-/// the origin of its `d`.
+/// the origin of its `d`. Host names only: an IP literal is never listed.
 #[derive(Debug, Clone, Default)]
 pub struct CredentialHosts(Arc<[sluice_http::route::HostPattern]>);
 
 impl CredentialHosts {
-    /// Parses the configured list: exact names and `*.domain` (at least two labels after `*.`),
-    /// no ports, schemes or `*` alone.
+    /// Parses the configured list: exact names and `*.domain`, no ports, schemes or `*` alone, no
+    /// IP addresses (a name whose last label is all digits), and no wildcard over a public suffix
+    /// (the Public Suffix List's ICANN and private sections: `*.com`, `*.co.uk`,
+    /// `*.cloudfront.net`, `*.github.io`...), under which anyone can own a name.
     pub fn parse(list: &[String]) -> anyhow::Result<Self> {
         use sluice_http::route::HostPattern;
         let mut out = Vec::with_capacity(list.len());
         for entry in list {
             let pattern = HostPattern::parse(entry)
                 .map_err(|e| anyhow::anyhow!("media.credential_hosts: {e}"))?;
-            match &pattern {
+            let name = match &pattern {
                 HostPattern::Any => anyhow::bail!(
                     "media.credential_hosts: {entry:?} would send credentials to every host; \
                      name hosts or `*.domain`"
                 ),
-                HostPattern::Wildcard(suffix) if suffix[1..].split('.').count() < 2 => {
+                HostPattern::Exact(name) => name.as_str(),
+                HostPattern::Wildcard(suffix) => &suffix[1..],
+            };
+            // `*.0.0.1` would name 127.0.0.1: addresses are not host names.
+            if name.rsplit('.').next().is_some_and(all_digits) {
+                anyhow::bail!(
+                    "media.credential_hosts: {entry:?} names IP addresses; list host names"
+                );
+            }
+            if let HostPattern::Wildcard(_) = &pattern {
+                if !name.contains('.') {
                     anyhow::bail!(
                         "media.credential_hosts: {entry:?} names a whole top-level domain; \
                          use `*.domain.tld`"
-                    )
+                    );
                 }
-                _ => {}
+                if is_public_suffix(name) {
+                    anyhow::bail!(
+                        "media.credential_hosts: {entry:?} covers every name under `{name}`, a \
+                         public suffix (Public Suffix List) where anyone can own a name; list \
+                         the exact host instead (such as `dXXXX.cloudfront.net`)"
+                    );
+                }
             }
             out.push(pattern);
         }
@@ -151,9 +169,34 @@ impl CredentialHosts {
         Self::parse(list).unwrap_or_default()
     }
 
+    /// Whether `host` (a name, never an IP literal) is listed.
     fn lists(&self, host: &str) -> bool {
+        let name = host.trim_end_matches('.');
+        if name.starts_with('[') || name.parse::<IpAddr>().is_ok() {
+            return false;
+        }
         self.0.iter().any(|p| p.matches(host))
     }
+
+    /// Whether `self` and `other` are one parsed list (not two parses of the same text).
+    #[cfg(test)]
+    pub(crate) fn is_same_list(&self, other: &CredentialHosts) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+fn all_digits(label: &str) -> bool {
+    !label.is_empty() && label.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether `name` (lowercase, no trailing dot) is itself a public suffix: a rule of the Public
+/// Suffix List (ICANN or private section, `*` rules and exceptions applied), or a top-level
+/// domain the list does not know (its default rule).
+fn is_public_suffix(name: &str) -> bool {
+    use psl::Psl;
+    psl::List
+        .suffix(name.as_bytes())
+        .is_some_and(|s| s.as_bytes() == name.as_bytes())
 }
 
 /// Where a viewer's credentials go: the origin of the `d` they came with (all of them, `Host`
@@ -195,6 +238,12 @@ impl CredentialScope {
         }
     }
 
+    /// The listed hosts this scope reaches besides `d`'s origin.
+    #[cfg(test)]
+    pub(crate) fn hosts(&self) -> &CredentialHosts {
+        &self.hosts
+    }
+
     /// `d`'s origin as a [`CREDENTIAL_ORIGIN`] value.
     pub fn home(&self) -> String {
         self.home.ascii_serialization()
@@ -210,7 +259,12 @@ impl CredentialScope {
             "http" => self.home_http,
             _ => false,
         };
-        match scheme_ok && url.host_str().is_some_and(|h| self.hosts.lists(h)) {
+        // A name only: an IP literal is never listed.
+        let listed = match url.host() {
+            Some(url::Host::Domain(name)) => self.hosts.lists(name),
+            _ => false,
+        };
+        match scheme_ok && listed {
             true => Reach::Credentials,
             false => Reach::Nothing,
         }
@@ -428,6 +482,69 @@ mod tests {
         let scope = CredentialScope::of_link(&q, &u("http://o/s"), Default::default()).unwrap();
         assert_eq!(scope.reach(&u("http://a:81/i.mp4")), Reach::All);
         assert_eq!(scope.reach(&u("http://o/s")), Reach::Nothing);
+    }
+
+    /// Attack: an operator lists `*.cloudfront.net` for their distribution; anyone can make a
+    /// distribution under it, so an ad-break child there would get the viewer's cookie. A
+    /// wildcard over a public suffix (ICANN or private section) is refused at load, naming the
+    /// entry and what to list instead; so is a pattern over IP addresses, and an IP literal is
+    /// never listed.
+    #[test]
+    fn wildcards_over_public_suffixes_and_addresses_are_refused() {
+        for bad in [
+            "*.cloudfront.net",
+            "*.akamaized.net",
+            "*.co.uk",
+            "*.github.io",
+            "*.s3.amazonaws.com",
+            "*.com",
+            "*.unknown-tld",
+            "*.0.0.1",
+            "*.1",
+            "127.0.0.1",
+        ] {
+            let err = CredentialHosts::parse(&[bad.to_string()])
+                .err()
+                .unwrap_or_else(|| panic!("{bad} was accepted"))
+                .to_string();
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
+        let err = CredentialHosts::parse(&["*.CloudFront.net".to_string()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("public suffix"), "{err}");
+        assert!(err.contains("dXXXX.cloudfront.net"), "{err}");
+        // A name under a public suffix is someone's own: its subdomains and exact hosts are fine.
+        for good in [
+            "*.example.com",
+            "*.bbc.co.uk",
+            "*.someone.github.io",
+            "*.corp.internal",
+            "d111abcdef8.cloudfront.net",
+            "cloudfront.net",
+            "cdn1.example.com",
+        ] {
+            assert!(
+                CredentialHosts::parse(&[good.to_string()]).is_ok(),
+                "{good}"
+            );
+        }
+        // An address is never listed, whatever the patterns say.
+        use sluice_http::route::HostPattern;
+        let hosts = CredentialHosts(Arc::from(vec![
+            HostPattern::Wildcard(".0.0.1".into()),
+            HostPattern::Exact("10.0.0.7".into()),
+            HostPattern::Exact("::1".into()),
+        ]));
+        let u = |s: &str| url::Url::parse(s).unwrap();
+        let scope = CredentialScope::new(&u("https://www.example.com/m.m3u8"), hosts);
+        for url in [
+            "https://127.0.0.1/a.ts",
+            "https://10.0.0.7/a.ts",
+            "https://[::1]/a.ts",
+        ] {
+            assert_eq!(scope.reach(&u(url)), Reach::Nothing, "{url}");
+        }
     }
 
     #[test]

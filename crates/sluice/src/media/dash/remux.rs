@@ -16,12 +16,10 @@ use sluice_media::dash::proxy::Part;
 use sluice_media::dash::proxy::{self, SegmentRequest};
 use sluice_media::remux::{RemuxError, RemuxState, Remuxer};
 
-use super::clear::ClearKey;
-use super::segment::{clear_init, decrypt, raw_init};
+use super::segment::{clear_init, clear_key, decrypt, raw_init};
 use super::{bad_request, link_scope, params_for, respond, upstream_headers, Dash};
 use crate::body::Body;
 use crate::error::{ProxyError, Side};
-use crate::media::cache::request_key;
 use crate::media::links;
 use crate::request::RequestContext;
 
@@ -67,12 +65,13 @@ pub async fn segment_ts(
     // One decryption and one remux per segment however many viewers ask for it: the output is a
     // function of the fetched bytes, the init and the keys (the continuity counters it starts
     // from are those the previous segment of the stream ended with, the same for every viewer).
-    let key = ClearKey {
-        segment: request_key(&part.url, &headers),
-        segment_part: part.clone(),
-        init: init_part.clone(),
-        keys: keys.clone().unwrap_or_default(),
-    };
+    let key = clear_key(
+        &part,
+        &headers,
+        &init_part,
+        &init_headers,
+        keys.clone().unwrap_or_default(),
+    );
     let counters = Arc::clone(&dash.ts_counters);
     let (decrypt_seconds, remux_seconds) =
         (dash.decrypt_seconds.clone(), dash.remux_seconds.clone());

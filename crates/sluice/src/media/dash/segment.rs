@@ -15,6 +15,7 @@ use sluice_media::keys::KeyRing;
 use super::clear::ClearKey;
 use super::{bad_request, link_scope, params_for, respond, upstream_headers, Dash};
 use crate::body::Body;
+use crate::cache::CacheKey;
 use crate::error::{ProxyError, Side};
 use crate::media::cache::{request_key, CacheKind};
 use crate::media::links;
@@ -58,14 +59,14 @@ pub async fn segment(
         }
     };
     let (init, media) = tokio::try_join!(init, dash.prefetcher.get_or_fetch(&part, &headers))?;
-    let media = match (&keys, init.as_ref().and_then(|(_, info)| info.as_ref())) {
-        (Some(keys), Some(info)) if info.is_protected() => {
-            let key = ClearKey {
-                segment: request_key(&part.url, &headers),
-                segment_part: part.clone(),
-                init: req.init.clone().unwrap_or_else(|| part.clone()),
-                keys: keys.clone(),
-            };
+    let init_request = req.init.as_ref().zip(init_headers.as_ref());
+    let media = match (
+        &keys,
+        init.as_ref().and_then(|(_, info)| info.as_ref()),
+        init_request,
+    ) {
+        (Some(keys), Some(info), Some((init_part, init_headers))) if info.is_protected() => {
+            let key = clear_key(&part, &headers, init_part, init_headers, keys.clone());
             let (seconds, info, keys) = (dash.decrypt_seconds.clone(), info.clone(), keys.clone());
             dash.clear
                 .get_or_decrypt(key, move || decrypt(&seconds, &media, &info, &keys))
@@ -83,6 +84,28 @@ pub async fn segment(
         _ => media,
     };
     respond(body, req.content_type, &params)
+}
+
+/// What a clear (or remuxed) segment is cached under: the segment's request key, its init's
+/// (URL and upstream headers: each is fetched with the credentials decided for its own URL, so
+/// the two differ when only one of them is on the viewer's origin), the parts and the keys.
+pub(super) fn clear_key(
+    segment: &Part,
+    headers: &HeaderMap,
+    init: &Part,
+    init_headers: &HeaderMap,
+    keys: KeyRing,
+) -> ClearKey {
+    let segment_key = request_key(&segment.url, headers).0;
+    let init_key = request_key(&init.url, init_headers).0;
+    // Length-prefixed: no two pairs of keys give one string.
+    let both = format!("{}|{segment_key}|{init_key}", segment_key.len());
+    ClearKey {
+        segment: CacheKey(both),
+        segment_part: segment.clone(),
+        init: init.clone(),
+        keys,
+    }
 }
 
 /// `/proxy/mpd/init.mp4`.
@@ -175,4 +198,50 @@ pub(super) fn missing_key(kid: &str) -> ProxyError {
         "key_missing",
         format!("no key for KID {kid}: add it to key_id/key (or key=kid:key)"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With per-URL credentials a segment on a CDN is fetched without the viewer's cookie and its
+    /// init on the viewer's origin with it: two viewers with one segment request but different
+    /// init requests (another cookie, so possibly another init) get separate clear segments.
+    #[test]
+    fn the_clear_key_covers_the_inits_request() {
+        let part = |u: &str| Part {
+            url: url::Url::parse(u).unwrap(),
+            range: None,
+        };
+        let (segment, init) = (
+            part("https://cdn.example/s1.m4s"),
+            part("https://o.example/i.mp4"),
+        );
+        let headers = |cookie: Option<&str>| {
+            let mut h = HeaderMap::new();
+            h.insert("referer", "https://player.example/".parse().unwrap());
+            if let Some(c) = cookie {
+                h.insert("cookie", c.parse().unwrap());
+            }
+            h
+        };
+        let keys = KeyRing::default();
+        let a = clear_key(
+            &segment,
+            &headers(None),
+            &init,
+            &headers(Some("s=a")),
+            keys.clone(),
+        );
+        let b = clear_key(
+            &segment,
+            &headers(None),
+            &init,
+            &headers(Some("s=b")),
+            keys.clone(),
+        );
+        assert!(a != b, "one clear segment for two init requests");
+        let again = clear_key(&segment, &headers(None), &init, &headers(Some("s=a")), keys);
+        assert!(a == again);
+    }
 }
