@@ -32,12 +32,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::budget::Reservation;
 use super::memory::Slice;
@@ -49,11 +49,34 @@ const HEADER: u64 = 16;
 const LAYOUT_FILE: &str = "layout";
 /// An object record larger than this is not read (and is deleted) at start.
 const MAX_RECORD: u64 = 1 << 20;
-/// Slice reads at once, each on a blocking thread. A stalled disk holds a read's thread past its
-/// timeout: unbounded, it held one per request, up to the whole blocking pool, whose queue then
-/// starved everything else run there (resolver fallbacks, reloads, the disk writer). Past this
-/// many, a read waits for a place within its timeout, and is a miss without one.
+/// Slice reads at once, each on a blocking thread, in the whole process ([`read_places`]). A
+/// stalled disk holds a read's thread past its timeout: unbounded, it held one per request, up to
+/// the whole blocking pool, whose queue then starved everything else run there (resolver
+/// fallbacks, reloads, the disk writer). Past this many, a read waits for a place within its
+/// timeout, and is a miss without one.
 const READS: usize = 32;
+
+/// The places for reads at once (`READS`), one set for the whole process: each tier (a reload
+/// builds a new one while the old one's stalled reads may still hold their threads) takes its
+/// places from here, so a stalled disk holds at most `READS` blocking threads however many
+/// reloads ran. In unit tests the set is the test thread's own (every tier a test builds shares
+/// it, and tests running at once do not take each other's places).
+fn read_places() -> Arc<Semaphore> {
+    #[cfg(not(test))]
+    {
+        static PLACES: OnceLock<Arc<Semaphore>> = OnceLock::new();
+        PLACES
+            .get_or_init(|| Arc::new(Semaphore::new(READS)))
+            .clone()
+    }
+    #[cfg(test)]
+    {
+        thread_local! {
+            static PLACES: Arc<Semaphore> = Arc::new(Semaphore::new(READS));
+        }
+        PLACES.with(Arc::clone)
+    }
+}
 /// A temporary file last modified longer ago than this is a leftover at start, whoever wrote it.
 const TMP_LEFTOVER: Duration = Duration::from_secs(60);
 
@@ -70,6 +93,10 @@ pub struct DiskStats {
     pub corrupt: AtomicU64,
     pub evictions: AtomicU64,
     pub read_timeouts: AtomicU64,
+    /// Reads that got no place among the reads at once (`READS`, for the whole process) within
+    /// their timeout: a miss that took no thread. Counted apart from `read_timeouts` (reads that
+    /// ran and did not answer in time), so the cap tells apart from a slow disk.
+    pub reads_refused: AtomicU64,
     /// Reads that failed for another reason than a bad file (a miss; the file is kept).
     pub read_errors: AtomicU64,
     /// Files deleted at start because the directory was cut with another slice size.
@@ -150,6 +177,33 @@ impl Job {
             Job::Slice(q) => Some(q.since),
             _ => None,
         }
+    }
+}
+
+/// Whether the writer's current job has run for the write timeout or longer (a disk that may
+/// never answer: a hard NFS mount, a dying disk). Set by the writer, cleared when that job ends.
+/// Meanwhile [`DiskTier::write_slice`] drops its slice at once: waiting for a queue place, every
+/// fill would wait out the write timeout for each slice, since a wedged writer gives a place back
+/// only as the slice holding it goes stale.
+#[derive(Default)]
+struct Stall {
+    set: AtomicBool,
+    /// Wakes the calls waiting for a queue place when the flag is set.
+    notify: Notify,
+}
+
+impl Stall {
+    fn is_set(&self) -> bool {
+        self.set.load(Ordering::SeqCst)
+    }
+
+    fn set(&self) {
+        self.set.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn clear(&self) {
+        self.set.store(false, Ordering::SeqCst);
     }
 }
 
@@ -300,9 +354,12 @@ pub struct DiskTier {
     /// costs the object's own slices, never a listing of the directory).
     jobs: mpsc::UnboundedSender<Job>,
     slots: Arc<Semaphore>,
-    /// Places for reads at once (`READS`); a read's place moves into its blocking task and is
-    /// held until that task ends, whenever the read's caller stopped waiting.
+    /// Places for reads at once (`READS`, shared by every tier of the process: [`read_places`]);
+    /// a read's place moves into its blocking task and is held until that task ends, whenever
+    /// the read's caller stopped waiting.
     reads: Arc<Semaphore>,
+    /// Set while the writer's current job has run past the write timeout.
+    stall: Arc<Stall>,
     /// Jobs queued or being written.
     pending: Arc<AtomicUsize>,
     pub stats: Arc<DiskStats>,
@@ -360,7 +417,8 @@ impl DiskTier {
             queued: Queued::default(),
             jobs: tx,
             slots: Arc::new(Semaphore::new(opts.queue)),
-            reads: Arc::new(Semaphore::new(READS)),
+            reads: read_places(),
+            stall: Arc::default(),
             pending: Arc::new(AtomicUsize::new(0)),
             stats: Arc::new(DiskStats::default()),
             start: Mutex::new(Some(Start {
@@ -399,6 +457,7 @@ impl DiskTier {
                 queued: self.queued.clone(),
                 stats: self.stats.clone(),
                 pending: self.pending.clone(),
+                stall: self.stall.clone(),
                 #[cfg(test)]
                 hooks: self.hooks.clone(),
             },
@@ -416,6 +475,7 @@ impl DiskTier {
         create_private_dir(root, false)?;
         create_private_dir(&root.join("objects"), true)?;
         create_private_dir(&root.join("slices"), true)?;
+        sweep_layout_leftovers(root);
         check_layout(root, self.slice_bytes, &self.stats)?;
         let metas = load_metas(root);
         let versions: HashMap<ObjectId, (u64, Option<u64>)> = metas
@@ -431,9 +491,20 @@ impl DiskTier {
 
     /// Queues a slice for writing, waiting for room in the queue (at most the write timeout, then
     /// the slice is dropped). `bytes` is the slice's share of the budget, given back once written.
-    /// From the call on until the write ends, [`DiskTier::read`] answers from the queue.
+    /// From the call on until the write ends, [`DiskTier::read`] answers from the queue. While
+    /// the writer's current job has run past the write timeout ([`Stall`]), the slice is dropped
+    /// at once, and so is one waiting for room when that is found.
     pub async fn write_slice(&self, key: SliceKey, slice: Slice, bytes: Option<Reservation>) {
         if slice.len + HEADER > self.capacity {
+            return;
+        }
+        // Registered before the flag is looked at, so a stall found while this waits for room
+        // wakes it.
+        let stalled = self.stall.notify.notified();
+        let mut stalled = std::pin::pin!(stalled);
+        stalled.as_mut().enable();
+        if self.stall.is_set() {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let seq = self
@@ -446,17 +517,17 @@ impl DiskTier {
             key,
             seq: Some(seq),
         };
-        let slot = match tokio::time::timeout(
-            self.write_timeout,
-            self.slots.clone().acquire_owned(),
-        )
-        .await
-        {
-            Ok(Ok(slot)) => slot,
-            _ => {
-                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                return;
+        let slot = tokio::select! {
+            biased;
+            () = &mut stalled => None,
+            slot = tokio::time::timeout(self.write_timeout, self.slots.clone().acquire_owned()) => {
+                slot.ok().and_then(Result::ok)
             }
+        };
+        // A place found as the writer wedged: the slice would only wait in the queue.
+        let Some(slot) = slot.filter(|_| !self.stall.is_set()) else {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
         };
         // From here the job takes it out (`write_loop`, or `submit` when there is no writer).
         unqueue.seq = None;
@@ -537,9 +608,10 @@ impl DiskTier {
     }
 
     /// Reads and verifies a slice; a corrupt file is unlisted (the writer deletes it) and reads
-    /// as `None`, and so does a read that gets no place among the reads at once (`READS`) and its
-    /// answer within the read timeout. A slice still queued for writing is answered from the
-    /// queue, as it was stored (no file to verify or mark as used yet).
+    /// as `None`, and so does a read that gets no place among the reads at once (`READS`, counted
+    /// in `reads_refused`) or no answer (`read_timeouts`) within the read timeout. A slice still
+    /// queued for writing is answered from the queue, as it was stored (no file to verify or mark
+    /// as used yet).
     pub async fn read(&self, key: SliceKey) -> Option<Slice> {
         let queued = self
             .queued
@@ -565,9 +637,9 @@ impl DiskTier {
             match tokio::time::timeout_at(deadline, self.reads.clone().acquire_owned()).await {
                 Ok(Ok(place)) => place,
                 _ => {
-                    // Every place held by reads a stalled disk does not answer: a miss, with
-                    // no thread taken.
-                    self.stats.read_timeouts.fetch_add(1, Ordering::Relaxed);
+                    // Every place of the process held (by reads a stalled disk does not
+                    // answer, or by as many at once): a miss, with no thread taken.
+                    self.stats.reads_refused.fetch_add(1, Ordering::Relaxed);
                     return None;
                 }
             };
@@ -882,26 +954,64 @@ fn read_slice(path: &Path, fits: impl Fn(u64) -> bool) -> Result<Bytes, ReadErro
     Ok(Bytes::from(data))
 }
 
-/// The name a file is written under before its rename: its own, this process's id and `.tmp`.
-/// Two processes over one directory (the old and the new binary during an upgrade) never write
-/// the same temporary file, and neither's start deletes the other's half-written ones
-/// ([`tmp_leftover`]).
+/// This process's token, drawn once at its start, in the names of its temporary files: two
+/// processes with one pid (two containers over one directory, each its pid 1) never write the
+/// same temporary file, and a start tells this process's own (an earlier tier's, still writing
+/// during a reload) from those of an earlier process that had its pid (a container restarted).
+fn process_token() -> u64 {
+    static TOKEN: OnceLock<u64> = OnceLock::new();
+    *TOKEN.get_or_init(|| {
+        let mut b = [0u8; 8];
+        if getrandom::getrandom(&mut b).is_err() {
+            // No random source: the clock, which differs between two starts all the same.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            b = (t.as_nanos() as u64).to_le_bytes();
+        }
+        u64::from_le_bytes(b)
+    })
+}
+
+/// The name a file is written under before its rename: its own, this process's id and token
+/// ([`process_token`]) and `.tmp` (`<name>.<pid>-<token>.tmp`). Two processes over one directory
+/// (the old and the new binary during an upgrade, or two with one pid) never write the same
+/// temporary file, and neither's start deletes the other's half-written ones ([`tmp_leftover`]).
 fn tmp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".{}.tmp", std::process::id()));
+    name.push(format!(
+        ".{}-{:016x}.tmp",
+        std::process::id(),
+        process_token()
+    ));
     path.with_file_name(name)
 }
 
 /// Whether `name` (at `path`) is a temporary file to delete at start: written by a process no
 /// longer alive, or last modified over [`TMP_LEFTOVER`] ago (whoever wrote it: a name without a
-/// process id is an older binary's). `None`: not a temporary file's name.
+/// process id is an older binary's). A name with this process's id is a leftover unless it
+/// carries this process's token too: an earlier process had the pid (a container restarted as
+/// pid 1 sees its own pid alive), and none of its writes runs. `None`: not a temporary file's
+/// name.
 fn tmp_leftover(name: &str, path: &Path) -> Option<bool> {
     let stem = name.strip_suffix(".tmp")?;
-    let pid = stem
-        .rsplit_once('.')
-        .and_then(|(_, pid)| pid.parse::<i32>().ok())
-        .filter(|&pid| pid > 0);
-    if pid.is_some_and(|pid| !process_alive(pid)) {
+    // `<pid>-<token>` (this binary), `<pid>` (the one before), or neither (older still).
+    let writer = stem.rsplit_once('.').and_then(|(_, writer)| {
+        let (pid, token) = match writer.split_once('-') {
+            Some((pid, token)) => (pid, Some(u64::from_str_radix(token, 16).ok()?)),
+            None => (writer, None),
+        };
+        let pid = pid.parse::<i32>().ok().filter(|&pid| pid > 0)?;
+        Some((pid, token))
+    });
+    let gone = writer.is_some_and(|(pid, token)| {
+        if u32::try_from(pid) == Ok(std::process::id()) {
+            token != Some(process_token())
+        } else {
+            !process_alive(pid)
+        }
+    });
+    if gone {
         return Some(true);
     }
     // A file that went meanwhile (renamed by its writer) is not one to delete.
@@ -909,6 +1019,22 @@ fn tmp_leftover(name: &str, path: &Path) -> Option<bool> {
         .and_then(|m| m.modified())
         .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > TMP_LEFTOVER));
     Some(old)
+}
+
+/// Deletes the leftovers of the layout stamp's temporary files ([`tmp_leftover`]) in `root`,
+/// the operator's directory: no other file of it is touched.
+fn sweep_layout_leftovers(root: &Path) {
+    let Ok(dir) = std::fs::read_dir(root) else {
+        return;
+    };
+    let prefix = format!("{LAYOUT_FILE}.");
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = e.path();
+        if name.starts_with(&prefix) && tmp_leftover(&name, &path) == Some(true) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// Whether process `pid` runs (as far as this process may know: one it may not signal runs).
@@ -961,6 +1087,7 @@ struct Writer {
     queued: Queued,
     stats: Arc<DiskStats>,
     pending: Arc<AtomicUsize>,
+    stall: Arc<Stall>,
     #[cfg(test)]
     hooks: Arc<Hooks>,
 }
@@ -1021,22 +1148,44 @@ async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
         // One job at a time, and a write may never return (a hard NFS mount, a dying disk):
         // meanwhile the slices queued behind it go as they reach the write timeout, giving back
         // their budget and queue places. Checked only as each was dequeued, they held the whole
-        // transit budget behind a hung write, and every fill waited for it.
+        // transit budget behind a hung write, and every fill waited for it. Once the write itself
+        // passes the timeout, the tier is stalled ([`Stall`]) until it returns.
+        let stall_at = tokio::time::Instant::now() + w.write_timeout;
+        let mut stalled = false;
         loop {
-            let due = backlog
+            // Jobs sent meanwhile join the backlog before its timer is set: left in the channel,
+            // those sent before this write began were looked at only when the timer fired for
+            // others, up to twice the write timeout after they were queued.
+            while let Ok(job) = rx.try_recv() {
+                backlog.push_back(job);
+            }
+            let oldest = backlog
                 .iter()
                 .filter_map(Job::since)
                 .min()
-                .unwrap_or_else(tokio::time::Instant::now)
-                + w.write_timeout;
+                .map(|since| since + w.write_timeout);
+            let due = match (oldest, stalled) {
+                (Some(due), true) => due,
+                (Some(due), false) => due.min(stall_at),
+                (None, false) => stall_at,
+                // Nothing to drop nor to find: a look at the channel now and then (a slice sent
+                // meanwhile is younger than the write timeout when it is looked at).
+                (None, true) => tokio::time::Instant::now() + w.write_timeout,
+            };
             tokio::select! {
                 biased;
                 _ = &mut write => break,
                 () = tokio::time::sleep_until(due) => {
-                    while let Ok(job) = rx.try_recv() {
-                        backlog.push_back(job);
-                    }
                     let now = tokio::time::Instant::now();
+                    if !stalled && now >= stall_at {
+                        stalled = true;
+                        w.stall.set();
+                        tracing::warn!(
+                            path = %w.root.display(),
+                            timeout_ms = w.write_timeout.as_millis() as u64,
+                            "cache disk tier: a write has not returned within disk_write_timeout_ms; new slices are not written until it does"
+                        );
+                    }
                     let mut kept = VecDeque::with_capacity(backlog.len());
                     for job in backlog.drain(..) {
                         if w.stale(&job, now) {
@@ -1048,6 +1197,10 @@ async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
                     backlog = kept;
                 }
             }
+        }
+        if stalled {
+            w.stall.clear();
+            tracing::info!(path = %w.root.display(), "cache disk tier: the stalled write returned");
         }
         // Written and indexed, or failed: either way no longer read from the queue.
         w.done(slice);
@@ -1948,21 +2101,33 @@ mod tests {
     /// Finding: every disk read was a blocking task of its own, so a stalled disk held one
     /// blocking thread per request past its timeout (up to the whole pool, whose queue then
     /// starved everything else run there). At most `READS` run at once; past that a read that
-    /// gets no place within its timeout is a miss that starts no blocking task.
+    /// gets no place within its timeout is a miss that starts no blocking task. Then (review of
+    /// 5067c1ce): each tier had its own `READS` places, so every reload let a stalled disk hold
+    /// `READS` more threads; and a read refused at the cap was counted as a slow one. The places
+    /// are the process's, and refusals are counted apart.
     #[tokio::test]
     async fn reads_of_a_stalled_disk_hold_a_bounded_number_of_threads() {
         let dir = tempfile::tempdir().unwrap();
-        let (tier, _) = DiskTier::open(
-            dir.path(),
-            DiskOptions {
-                read_timeout: Duration::from_secs(1),
-                ..opts(1 << 20)
-            },
-        )
-        .unwrap();
-        tier.write_slice(key(0), Slice::new(vec![Bytes::from(vec![1u8; 100])]), None)
-            .await;
-        assert!(tier.flush(Duration::from_secs(10)).await);
+        let open = |path: &Path| {
+            let (tier, _) = DiskTier::open(
+                path,
+                DiskOptions {
+                    read_timeout: Duration::from_secs(1),
+                    ..opts(1 << 20)
+                },
+            )
+            .unwrap();
+            tier
+        };
+        let tier = open(dir.path());
+        // The tier a reload builds meanwhile (here over another directory).
+        let dir2 = tempfile::tempdir().unwrap();
+        let reloaded = open(dir2.path());
+        for tier in [&tier, &reloaded] {
+            tier.write_slice(key(0), Slice::new(vec![Bytes::from(vec![1u8; 100])]), None)
+                .await;
+            assert!(tier.flush(Duration::from_secs(10)).await);
+        }
         let started = Arc::new(AtomicUsize::new(0));
         let (hook, _entered, release) = hang();
         let s = started.clone();
@@ -1997,8 +2162,16 @@ mod tests {
         );
         assert_eq!(
             tier.stats.read_timeouts.load(Ordering::Relaxed),
-            READS as u64 + 1
+            READS as u64
         );
+        assert_eq!(tier.stats.reads_refused.load(Ordering::Relaxed), 1);
+        // Nor does a read of the reloaded tier: the places are the process's.
+        assert!(
+            reloaded.read(key(0)).await.is_none(),
+            "a reloaded tier read with places of its own"
+        );
+        assert_eq!(reloaded.stats.reads_refused.load(Ordering::Relaxed), 1);
+        assert_eq!(reloaded.stats.read_timeouts.load(Ordering::Relaxed), 0);
         // The disk answers again: the places come back, and so do hits.
         drop(release);
         for _ in 0..2000 {
@@ -2009,6 +2182,7 @@ mod tests {
         }
         assert_eq!(tier.reads.available_permits(), READS);
         assert_eq!(tier.read(key(0)).await.unwrap().len, 100);
+        assert_eq!(reloaded.read(key(0)).await.unwrap().len, 100);
     }
 
     /// What a failed read does to its file runs in its blocking task (never on the request's
@@ -2055,14 +2229,24 @@ mod tests {
     /// Finding: two processes over one directory (the old and the new binary during an
     /// upgrade) wrote the same `<name>.tmp`, and the new one's start deleted the old one's
     /// half-written files. Temporary names carry the process id; a start deletes only those of
-    /// processes no longer alive, or older than a minute.
+    /// processes no longer alive, or older than a minute. Then (review of 5067c1ce): a container
+    /// restarted as pid 1 took its previous run's files (pid 1 too) for its own live writer's,
+    /// two processes with one pid wrote the same temporary file, and the layout stamp's leftovers
+    /// in the directory were never deleted. Names carry a token drawn at the process's start too:
+    /// one with this pid and another token (or none) is a leftover; one with this process's own
+    /// (an earlier tier's, still writing during a reload) is kept.
     #[tokio::test]
     async fn a_start_keeps_the_temporary_files_of_a_live_process() {
         let dir = tempfile::tempdir().unwrap();
         let (tier, _) = DiskTier::open(dir.path(), opts(1 << 20)).unwrap();
         drop(tier);
-        let (slices, objects) = (dir.path().join("slices"), dir.path().join("objects"));
+        let (root, slices, objects) = (
+            dir.path(),
+            dir.path().join("slices"),
+            dir.path().join("objects"),
+        );
         let me = std::process::id();
+        let (mine, other) = (process_token(), process_token() ^ 1);
         // Beyond any pid_max: no such process.
         let dead = i32::MAX;
         let name = |i| slice_name(&key(i));
@@ -2070,29 +2254,51 @@ mod tests {
         let meta_name = meta.file_name().unwrap().to_str().unwrap();
         assert_eq!(
             tmp_path(&slices.join(name(0))),
-            slices.join(format!("{}.{me}.tmp", name(0)))
+            slices.join(format!("{}.{me}-{mine:016x}.tmp", name(0)))
         );
-        let kept = [
-            // This process's (here: a live writer's), and an older binary's without a pid.
-            slices.join(format!("{}.{me}.tmp", name(0))),
+        let mut kept = vec![
+            // This process's own, and an older binary's without a pid.
+            tmp_path(&slices.join(name(0))),
             slices.join(format!("{}.tmp", name(1))),
-            objects.join(format!("{meta_name}.{me}.tmp")),
+            tmp_path(&meta),
             objects.join(format!("{}.tmp", ObjectId(7).hex())),
+            // The operator's own files beside the tier's are not the tier's to delete.
+            root.join(format!("notes.{dead}.tmp")),
         ];
+        // Another live process's (the parent: the test runner).
+        #[cfg(unix)]
+        {
+            // SAFETY: getppid takes nothing and cannot fail.
+            let parent = unsafe { libc::getppid() };
+            if parent > 1 && u32::try_from(parent) != Ok(me) {
+                kept.push(slices.join(format!("{}.{parent}.tmp", name(5))));
+                kept.push(slices.join(format!("{}.{parent}-{other:x}.tmp", name(6))));
+            }
+        }
         let gone = [
             slices.join(format!("{}.{dead}.tmp", name(2))),
             objects.join(format!("{meta_name}.{dead}.tmp")),
+            // An earlier process's with this pid: without the token (the binary before), or
+            // with another.
+            slices.join(format!("{}.{me}.tmp", name(7))),
+            slices.join(format!("{}.{me}-{other:016x}.tmp", name(8))),
+            objects.join(format!("{meta_name}.{me}-{other:016x}.tmp")),
+            // The layout stamp's.
+            root.join(format!("{LAYOUT_FILE}.{me}.tmp")),
+            root.join(format!("{LAYOUT_FILE}.{me}-{other:016x}.tmp")),
+            root.join(format!("{LAYOUT_FILE}.{dead}-{mine:016x}.tmp")),
         ];
         // A live process's, or one without a pid, not touched for two minutes.
         let old = [
-            slices.join(format!("{}.{me}.tmp", name(3))),
+            tmp_path(&slices.join(name(3))),
             slices.join(format!("{}.tmp", name(4))),
+            root.join(format!("{LAYOUT_FILE}.tmp")),
         ];
         for p in kept.iter().chain(&gone).chain(&old) {
             std::fs::write(p, b"half written").unwrap();
         }
         let two_minutes_ago = std::time::SystemTime::now() - Duration::from_secs(120);
-        for p in &old {
+        for p in old.iter().chain([&kept[4]]) {
             std::fs::File::options()
                 .write(true)
                 .open(p)
@@ -2108,5 +2314,132 @@ mod tests {
             assert!(!p.exists(), "{} kept", p.display());
         }
         assert!(metas.is_empty() && tier.bytes() == 0);
+    }
+
+    /// Until a hook says it started (its blocking thread runs apart from the test's runtime).
+    async fn until_entered(entered: &std::sync::mpsc::Receiver<()>) {
+        for _ in 0..10_000 {
+            tokio::task::yield_now().await;
+            if entered.try_recv().is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("the hook never started");
+    }
+
+    /// Finding (review of 5067c1ce): the slices queued behind a write that never returns went at
+    /// the write timeout, but every new slice still waited for a queue place, which the wedged
+    /// writer gave back only as the slice holding it went stale: each cold stream stalled for the
+    /// write timeout at every slice. Once the writer's current job passes the timeout, a slice
+    /// waiting for a place goes then, and a new one at once, until that job returns.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_writer_drops_new_slices_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let timeout = Duration::from_secs(10);
+        let tier = DiskTier::prepare(
+            dir.path(),
+            DiskOptions {
+                queue: 1,
+                write_timeout: timeout,
+                ..opts(1 << 30)
+            },
+        )
+        .unwrap();
+        let (hook, entered, release) = hang();
+        *tier.hooks.write.lock().unwrap() = Some(hook);
+        tier.start().unwrap();
+        let tier = Arc::new(tier);
+        let slice = Slice::new(vec![Bytes::from(vec![1u8; 100])]);
+        // The writer takes slice 0 up, and its write hangs, holding the one queue place.
+        tier.write_slice(key(0), slice.clone(), None).await;
+        until_entered(&entered).await;
+        // Half a timeout later, slice 1 comes and waits for the place.
+        tokio::time::advance(timeout / 2).await;
+        let waiting = {
+            let (tier, slice) = (tier.clone(), slice.clone());
+            tokio::spawn(async move { tier.write_slice(key(1), slice, None).await })
+        };
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "it waits for room");
+        assert!(tier.contains(&key(1)));
+        // The hung write passes the timeout: slice 1 goes then, not at its own timeout (half a
+        // timeout later).
+        tokio::time::advance(timeout / 2).await;
+        for _ in 0..1000 {
+            if waiting.is_finished() {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            waiting.is_finished(),
+            "a slice kept waiting for a stalled writer"
+        );
+        assert!(!tier.contains(&key(1)));
+        // A new slice goes at once, without waiting for a place.
+        let now =
+            futures_util::FutureExt::now_or_never(tier.write_slice(key(2), slice.clone(), None));
+        assert!(now.is_some(), "a new slice waited for a stalled writer");
+        assert!(!tier.contains(&key(2)));
+        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 2);
+        assert_eq!(tier.pending(), 1);
+        // The disk answers again: the stall ends with the write, and slices are written again.
+        drop(release);
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        assert!(!tier.stall.is_set());
+        tier.write_slice(key(3), slice.clone(), None).await;
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        assert!(tier.written(&key(0)) && tier.written(&key(3)));
+        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 2);
+    }
+
+    /// Finding (review of 5067c1ce): the writer's timer was set from the slices it had taken off
+    /// the channel only, so a slice still in the channel when a write began (sent during the
+    /// write before) was looked at only when that timer fired: up to twice the write timeout
+    /// after it was queued, holding its budget and queue place. It goes at its own timeout.
+    #[tokio::test(start_paused = true)]
+    async fn a_slice_sent_before_a_hung_write_began_goes_at_its_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let timeout = Duration::from_secs(10);
+        let tier = DiskTier::prepare(
+            dir.path(),
+            DiskOptions {
+                queue: 8,
+                write_timeout: timeout,
+                ..opts(1 << 30)
+            },
+        )
+        .unwrap();
+        let (hook, entered, release) = hang();
+        *tier.hooks.write.lock().unwrap() = Some(hook);
+        tier.start().unwrap();
+        let slice = Slice::new(vec![Bytes::from(vec![1u8; 100])]);
+        tier.write_slice(key(0), slice.clone(), None).await;
+        until_entered(&entered).await;
+        // Slices 1 and 2 are sent while slice 0's write runs, slow.
+        tier.write_slice(key(1), slice.clone(), None).await;
+        tier.write_slice(key(2), slice.clone(), None).await;
+        tokio::time::advance(timeout / 2).await;
+        // Slice 0's write returns; slice 1's hangs, slice 2 still in the channel.
+        release.send(()).unwrap();
+        until_entered(&entered).await;
+        assert_eq!(tier.pending(), 2);
+        // Slice 2 reaches the write timeout.
+        tokio::time::advance(timeout / 2).await;
+        for _ in 0..1000 {
+            if tier.pending() == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(tier.pending(), 1, "a slice held past its write timeout");
+        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 1);
+        assert!(!tier.contains(&key(2)) && tier.contains(&key(1)));
+        drop(release);
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        assert!(tier.written(&key(0)) && tier.written(&key(1)));
     }
 }

@@ -44,6 +44,8 @@ pub struct CacheMetrics {
     pub disk_corrupt: Counter,
     pub disk_read_errors: Counter,
     pub disk_layout_dropped: Counter,
+    /// Disk reads refused at the process's cap on reads at once (no place within their timeout).
+    pub disk_reads_refused: Counter,
     pub objects: Gauge,
     /// `memory_bytes`, and what is counted against it now and at most so far (`budget`).
     pub budget: Gauge,
@@ -76,6 +78,7 @@ impl CacheMetrics {
             disk_corrupt: Counter::default(),
             disk_read_errors: Counter::default(),
             disk_layout_dropped: Counter::default(),
+            disk_reads_refused: Counter::default(),
             objects: Gauge::default(),
             budget: Gauge::default(),
             accounted: Gauge::default(),
@@ -151,6 +154,11 @@ impl CacheMetrics {
             "Disk tier files deleted at start because the directory was cut with another slice size",
             m.disk_layout_dropped.clone(),
         );
+        r.register(
+            "disk_reads_refused",
+            "Disk slice reads refused (a miss, no thread taken): every place of the 32 reads at once held for the whole read timeout",
+            m.disk_reads_refused.clone(),
+        );
         r.register("objects", "Objects indexed", m.objects.clone());
         r.register("stored_objects", "Objects stored", m.stored.clone());
         r.register(
@@ -211,7 +219,7 @@ pub(super) fn spawn_gauges(inner: Weak<Inner>) {
     tokio::spawn(async move {
         let mut last_mem_evictions = 0;
         let (mut last_disk_evictions, mut last_dropped, mut last_corrupt) = (0, 0, 0);
-        let (mut last_read_errors, mut last_layout_dropped) = (0, 0);
+        let (mut last_read_errors, mut last_layout_dropped, mut last_refused) = (0, 0, 0);
         loop {
             {
                 let Some(inner) = inner.upgrade() else { return };
@@ -255,6 +263,9 @@ pub(super) fn spawn_gauges(inner: Weak<Inner>) {
                     let l = s.layout_dropped.load(Ordering::Relaxed);
                     m.disk_layout_dropped.inc_by(l - last_layout_dropped);
                     last_layout_dropped = l;
+                    let r = s.reads_refused.load(Ordering::Relaxed);
+                    m.disk_reads_refused.inc_by(r - last_refused);
+                    last_refused = r;
                 }
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
