@@ -3160,3 +3160,121 @@ async fn a_404_to_a_cookie_for_a_missing_slice_keeps_the_object() {
     assert_eq!(body(&r), Bytes::from(bytes_of(1, 0, 9)));
     assert_eq!(origin.count("/hid"), before, "the object was fetched again");
 }
+
+/// Finding (review of a9211f4b): a field the origin's `Connection` names is not stored, but the
+/// version check of each later slice read the origin's raw head. With `Connection: etag` the
+/// stored head had no tag and every slice's answer had one: "another version", so a multi-slice
+/// object was dropped and fetched again on every request. The check reads both sides as stored.
+#[tokio::test]
+async fn an_etag_named_in_connection_does_not_make_every_slice_another_version() {
+    let (origin, oaddr) = start_origin().await;
+    let len = 3 * 64 * KIB;
+    origin.set(
+        "/conn-etag",
+        Obj::new(len, "max-age=60").header("connection", "etag"),
+    );
+    let front = start_front(config(64 * KIB), oaddr).await;
+    for i in 0..3 {
+        let r = request("GET", &front.url("/conn-etag"), &[]).await;
+        assert_eq!(r.status, StatusCode::OK, "request {i}");
+        assert_eq!(
+            sha256(&body(&r)),
+            sha256(&bytes_of(1, 0, len - 1)),
+            "request {i}"
+        );
+        assert!(!r.headers.contains_key("etag"), "request {i}: not stored");
+    }
+    // One fill: one origin request per slice, none per later request.
+    assert_eq!(origin.count("/conn-etag"), 3);
+    let last = request("GET", &front.url("/conn-etag"), &[]).await;
+    assert!(
+        status_of(&last).starts_with("sluice; hit"),
+        "{}",
+        status_of(&last)
+    );
+}
+
+/// Finding (review of a9211f4b): a revalidation's published failure sent each waiter back to
+/// ask again, up to three times: against a stalling origin a waiter was held three header
+/// timeouts, and an origin's 503 became a generic 502. A failure is now one for all and final:
+/// each waiter serves the copy `stale-if-error` allows, else the origin's own status (with its
+/// `Retry-After`), after the one conditional request.
+#[tokio::test]
+async fn a_failed_revalidation_is_the_answer_for_every_waiter() {
+    const N: usize = 12;
+    let origin = Arc::new(OriginState::default());
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let oaddr = listener.local_addr().unwrap();
+    let (state, held) = (origin.clone(), gate.clone());
+    // An object of 100 bytes whose conditional requests are held, then answered 503.
+    tokio::spawn(serve_loop(listener, move |req: Request<Incoming>, _| {
+        let (state, held) = (state.clone(), held.clone());
+        async move {
+            let path = req.uri().path().to_string();
+            let seen: HashMap<String, String> = req
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
+                .collect();
+            let conditional = seen.contains_key("if-none-match");
+            state.requests.lock().unwrap().push((path.clone(), seen));
+            if conditional {
+                drop(held.acquire().await);
+                return Response::builder()
+                    .status(503)
+                    .header("retry-after", "7")
+                    .body(empty())
+                    .unwrap();
+            }
+            let cache_control = if path == "/sie-503" {
+                "max-age=1, stale-if-error=60"
+            } else {
+                "max-age=1"
+            };
+            Response::builder()
+                .header("etag", "\"v1\"")
+                .header("cache-control", cache_control)
+                .header("content-length", "100")
+                .body(BodyExt::boxed(http_body_util::Full::new(Bytes::from(
+                    bytes_of(1, 0, 99),
+                ))))
+                .unwrap()
+        }
+    }));
+    let mut cfg = config(64 * KIB);
+    cfg.grace_secs = 0;
+    let front = start_front(cfg, oaddr).await;
+    for path in ["/sie-503", "/plain-503"] {
+        let r = request("GET", &front.url(path), &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+    }
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    for path in ["/sie-503", "/plain-503"] {
+        let replies = herd(&front, &origin, path, N, &gate).await;
+        let conditionals = origin
+            .requests_for(path)
+            .iter()
+            .filter(|h| h.contains_key("if-none-match"))
+            .count();
+        assert_eq!(conditionals, 1, "{path}: one conditional request for {N}");
+        assert_eq!(origin.count(path), 2, "{path}");
+        let mut collapsed = 0;
+        for r in &replies {
+            let s = status_of(r);
+            collapsed += s.contains("collapsed") as usize;
+            if path == "/sie-503" {
+                assert_eq!(r.status, StatusCode::OK, "{path}: {s}");
+                assert!(s.contains("detail=stale-if-error"), "{path}: {s}");
+                assert_eq!(body(r), Bytes::from(bytes_of(1, 0, 99)));
+            } else {
+                assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {s}");
+                assert!(s.contains("fwd=stale; fwd-status=503"), "{path}: {s}");
+                assert_eq!(r.headers["retry-after"], "7", "{path}");
+            }
+        }
+        if path == "/plain-503" {
+            assert_eq!(collapsed, N - 1, "{path}");
+        }
+    }
+}

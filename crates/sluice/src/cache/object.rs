@@ -105,8 +105,12 @@ impl ObjectMeta {
     /// slices otherwise. A length missing on either side (a chunked answer's, until its body
     /// ends) leaves the validators to decide; with no validator at all there is nothing else to
     /// compare, so both lengths must be known and equal.
+    ///
+    /// `headers` is an origin's head as it came: its validators are read as they would be stored
+    /// ([`validator`]), so a field its `Connection` names, which the stored head lacks, is
+    /// missing on both sides rather than on one (every later slice was another version).
     pub fn same_version(&self, headers: &HeaderMap, length: Option<u64>) -> bool {
-        let same = |name: HeaderName| headers.get(&name) == self.headers.get(&name);
+        let same = |name: HeaderName| validator(headers, &name) == validator(&self.headers, &name);
         let validated = self.headers.contains_key(header::ETAG)
             || self.headers.contains_key(header::LAST_MODIFIED);
         same(header::ETAG)
@@ -145,6 +149,19 @@ pub fn stored_headers(from: &HeaderMap) -> HeaderMap {
         out.append(name.clone(), owned(value));
     }
     out
+}
+
+/// A validator field (`ETag`, `Last-Modified`) of `headers` as [`stored_headers`] keeps it: none
+/// when the head's `Connection` names it. The version checks compare an origin's raw head with a
+/// stored one; read unfiltered, the raw side had a field the stored side never can.
+fn validator<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a HeaderValue> {
+    let value = headers.get(name)?;
+    if headers.contains_key(header::CONNECTION)
+        && sluice_http::hop::connection_names(headers).contains(name)
+    {
+        return None;
+    }
+    Some(value)
 }
 
 /// `value` in an allocation of its own. A value hyper parsed is a view of the connection's read
@@ -229,11 +246,15 @@ pub fn merge_not_modified(stored: &mut HeaderMap, fresh: &HeaderMap) {
 /// forgot such an object at every expiry. A 304 naming another opaque tag than the stored one
 /// describes another representation, and its fields (the tag among them) must not be put on
 /// the stored bytes. One that names none selects the stored response.
+///
+/// Both sides are read as stored ([`validator`]): an `ETag` the 304's `Connection` names is no
+/// tag (it is not stored either), so an origin sending `Connection: etag` validates as one that
+/// sends no `ETag` at all, not as one whose every 304 names another version.
 pub fn validates(stored: &HeaderMap, fresh: &HeaderMap) -> bool {
-    let Some(theirs) = fresh.get(header::ETAG) else {
+    let Some(theirs) = validator(fresh, &header::ETAG) else {
         return true;
     };
-    let Some(ours) = stored.get(header::ETAG) else {
+    let Some(ours) = validator(stored, &header::ETAG) else {
         return false;
     };
     fn opaque(v: &HeaderValue) -> &[u8] {
@@ -617,6 +638,37 @@ mod tests {
         assert!(validates(&tagged("\"a\""), &tagged("W/\"a\"")));
         assert!(validates(&tagged("W/\"a\""), &tagged("W/\"a\"")));
         assert!(!validates(&tagged("W/\"a\""), &tagged("W/\"b\"")));
+    }
+
+    /// Finding (review of a9211f4b): a field the origin's `Connection` names is not stored, but
+    /// the version checks read the origin's raw head, so `Connection: etag` left the stored head
+    /// without the tag the raw one had: every later slice was "another version" and every 304
+    /// named "another" tag. Both sides are now read as stored.
+    #[test]
+    fn a_validator_named_in_connection_is_absent_on_both_sides() {
+        let mut raw = HeaderMap::new();
+        raw.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, ETag"),
+        );
+        raw.insert(header::ETAG, HeaderValue::from_static("\"a\""));
+        raw.insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("max-age=60"),
+        );
+        let mut m = (*crate::cache::index::tests::meta("k", vec![], "", 7)).clone();
+        m.headers = stored_headers(&raw);
+        m.length = Some(100);
+        assert!(!m.headers.contains_key(header::ETAG));
+        assert!(m.same_version(&raw, Some(100)));
+        assert!(!m.same_version(&raw, Some(99)));
+        // A 304 with the named tag validates as one without a tag; an unnamed tag still counts.
+        let mut not_modified = HeaderMap::new();
+        not_modified.insert(header::CONNECTION, HeaderValue::from_static("etag"));
+        not_modified.insert(header::ETAG, HeaderValue::from_static("\"a\""));
+        assert!(validates(&m.headers, &not_modified));
+        not_modified.remove(header::CONNECTION);
+        assert!(!validates(&m.headers, &not_modified));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::index::Lookup;
 use super::object::{merge_not_modified, validates, ObjectId, ObjectMeta, SliceKey};
 use super::stream::{self, Plan};
 use super::writer::{not_storable_label, FillJob, JobKind};
-use super::{CacheKey, Inner, Origin};
+use super::{CacheKey, Inner, Origin, OriginError};
 use crate::body::{self, Body};
 
 /// The name this cache uses in `Cache-Status`.
@@ -47,6 +47,13 @@ const NOT_FORWARDED: [HeaderName; 12] = [
 
 /// How many times a reader elects a new writer after the one it followed failed.
 pub(crate) const FILL_ATTEMPTS: usize = 3;
+
+/// How many times one request decides again on what is stored (found refreshed or dropped
+/// since it looked, or stored since it missed) before it stops looking: a revalidation's
+/// [`Turn::Moved`] is then served as a miss, and a miss that finds the object stored once more
+/// is passed to the origin. Each round needs another request to have changed the object in
+/// between, but nothing else bounded the recursion.
+const REDECIDE_LIMIT: u8 = 3;
 
 /// The origin request for the cache's own purposes: the client's end-to-end headers, none of its
 /// range or conditional ones.
@@ -120,6 +127,18 @@ impl Inner {
         origin: Arc<dyn Origin>,
         policy: &FreshnessPolicy,
     ) -> Response<Body> {
+        self.serve_at(parts, key, origin, policy, 0).await
+    }
+
+    /// [`Inner::serve`], deciding for the `depth`th time ([`REDECIDE_LIMIT`]).
+    async fn serve_at(
+        self: &Arc<Self>,
+        parts: &Parts,
+        key: &CacheKey,
+        origin: Arc<dyn Origin>,
+        policy: &FreshnessPolicy,
+        depth: u8,
+    ) -> Response<Body> {
         if parts.method != Method::GET && parts.method != Method::HEAD {
             return error_response(
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -138,11 +157,11 @@ impl Inner {
                 self.pass(parts, &origin, Some("hit-for-pass")).await
             }
             Lookup::UriMiss => {
-                self.miss(parts, key, origin, policy, Forward::UriMiss, &[])
+                self.miss(parts, key, origin, policy, Forward::UriMiss, &[], depth)
                     .await
             }
             Lookup::VaryMiss { vary } => {
-                self.miss(parts, key, origin, policy, Forward::VaryMiss, &vary)
+                self.miss(parts, key, origin, policy, Forward::VaryMiss, &vary, depth)
                     .await
             }
             Lookup::Hit(meta) => {
@@ -182,15 +201,16 @@ impl Inner {
                         self.respond(parts, meta, origin, policy, status, None)
                     }
                     Use::Revalidate { stale_if_error } => {
-                        self.revalidate_and_respond(
+                        let ask = Ask {
                             parts,
                             key,
                             meta,
                             origin,
                             policy,
                             stale_if_error,
-                        )
-                        .await
+                            depth,
+                        };
+                        self.revalidate_and_respond(ask).await
                     }
                 }
             }
@@ -206,38 +226,41 @@ impl Inner {
     /// purged (or stale with `must-revalidate`) sent the origin one conditional request per
     /// request in flight. An answer that was the first request's alone (a refusal, which may be
     /// of a field it sent; none, because its client left) is no answer for the others: one of
-    /// them asks next. A failure is one for all (a copy `stale-if-error` allows is served), and
-    /// after [`FILL_ATTEMPTS`] of them the request gets a 502. A request whose own fields shape
-    /// the answer (its `Authorization`, its honoured `no-store`: `revalidate`) neither leads
-    /// nor joins: it asks alone, as before.
-    async fn revalidate_and_respond(
-        self: &Arc<Self>,
-        parts: &Parts,
-        key: &CacheKey,
-        meta: Arc<ObjectMeta>,
-        origin: Arc<dyn Origin>,
-        policy: &FreshnessPolicy,
-        stale_if_error: bool,
-    ) -> Response<Body> {
-        let ask = Ask {
-            parts,
-            key,
-            meta,
-            origin,
-            policy,
-            stale_if_error,
-        };
+    /// them asks next. A failure is one for all, and final: each waiter gets the copy
+    /// `stale-if-error` allows it, else the origin's own status (a 5xx, with its
+    /// `Retry-After`), else a 502 (a 504 when the origin sent no head in time), without asking
+    /// the origin again (a stalling origin held each waiter up to [`FILL_ATTEMPTS`] header
+    /// timeouts, and a 503 became a 502). A request whose own fields shape the answer (its
+    /// `Authorization`, its honoured `no-store`: `revalidate`) neither leads nor joins: it asks
+    /// alone, as before.
+    async fn revalidate_and_respond(self: &Arc<Self>, ask: Ask<'_>) -> Response<Body> {
+        let (parts, key, policy) = (ask.parts, ask.key, ask.policy);
         if asks_alone(parts, policy) {
             let outcome = self.revalidate(&ask.meta, parts, &ask.origin, policy).await;
             return self.answer_revalidated(ask, outcome, false).await;
         }
-        let mut failed = false;
         for _ in 0..FILL_ATTEMPTS {
             let mut heard = match self.lead_or_join(&ask.meta, key, &parts.headers) {
-                Turn::Moved => {
+                Turn::Moved if ask.depth < REDECIDE_LIMIT => {
                     // Refreshed or dropped since this request looked: decided again on what is
                     // stored now.
-                    return Box::pin(self.serve(parts, key, ask.origin, policy)).await;
+                    let depth = ask.depth + 1;
+                    return Box::pin(self.serve_at(parts, key, ask.origin, policy, depth)).await;
+                }
+                Turn::Moved => {
+                    // Moved under this request every time it looked: a miss (which joins or
+                    // starts the one fill, or passes when the object is stored again).
+                    let vary = ask.meta.vary.clone();
+                    return Box::pin(self.miss(
+                        parts,
+                        key,
+                        ask.origin,
+                        policy,
+                        Forward::Stale,
+                        &vary,
+                        ask.depth,
+                    ))
+                    .await;
                 }
                 Turn::Lead(lead) => {
                     let outcome = self.revalidate(&ask.meta, parts, &ask.origin, policy).await;
@@ -253,8 +276,8 @@ impl Inner {
                 Ok(Ok(answer)) => answer.clone().unwrap_or(Rechecked::Own),
                 // The leader went without a word (it publishes one even when its client leaves).
                 Ok(Err(_)) => Rechecked::Own,
-                Err(_) if ask.stale_if_error => Rechecked::Failed,
-                Err(_) => return error_response(StatusCode::GATEWAY_TIMEOUT, "origin timed out"),
+                // No answer in the time a fill waits for an origin's head: the origin's is late.
+                Err(_) => Rechecked::Failed(Failure::TimedOut),
             };
             match shared {
                 Rechecked::Fresh(meta) => {
@@ -267,19 +290,16 @@ impl Inner {
                         .answer_revalidated(ask, Revalidated::Changed, true)
                         .await
                 }
-                Rechecked::Failed if ask.stale_if_error => {
+                Rechecked::Failed(failure) => {
+                    // The origin's answer for the object, not for the leader's request: asked
+                    // again by each waiter, a stalling origin held it for one more header
+                    // timeout per try.
                     return self
-                        .answer_revalidated(ask, Revalidated::Failed(None), true)
-                        .await
+                        .answer_revalidated(ask, Revalidated::Failed(failure, None), true)
+                        .await;
                 }
-                Rechecked::Failed => failed = true,
-                Rechecked::Own => failed = false,
+                Rechecked::Own => {}
             }
-        }
-        if failed {
-            return self
-                .answer_revalidated(ask, Revalidated::Failed(None), true)
-                .await;
         }
         // Every answer so far was another request's own: this one asks with its own fields.
         let outcome = self.revalidate(&ask.meta, parts, &ask.origin, policy).await;
@@ -292,7 +312,7 @@ impl Inner {
     /// before it leaves the map), and a second one would ask the origin again for nothing.
     fn lead_or_join(&self, meta: &Arc<ObjectMeta>, key: &CacheKey, req: &HeaderMap) -> Turn<'_> {
         let id = (meta.id, meta.generation);
-        let mut map = self.rechecks.lock().expect("rechecks");
+        let mut map = self.rechecks.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(under_way) = map.get(&id) {
             return Turn::Wait(under_way.answer.subscribe());
         }
@@ -326,6 +346,7 @@ impl Inner {
             origin,
             policy,
             stale_if_error,
+            depth,
         } = ask;
         match outcome {
             Revalidated::Fresh(meta) => {
@@ -341,15 +362,23 @@ impl Inner {
                 self.respond(parts, meta, origin, policy, status, None)
             }
             Revalidated::Changed => {
-                self.miss(parts, key, origin, policy, Forward::Stale, &meta.vary)
-                    .await
+                self.miss(
+                    parts,
+                    key,
+                    origin,
+                    policy,
+                    Forward::Stale,
+                    &meta.vary,
+                    depth,
+                )
+                .await
             }
             Revalidated::Pass => {
                 self.metrics.result("bypass");
                 self.pass(parts, &origin, Some("revalidation-for-client"))
                     .await
             }
-            Revalidated::Failed(_) if stale_if_error => {
+            Revalidated::Failed(..) if stale_if_error => {
                 self.metrics.result("stale");
                 let status = CacheStatus {
                     fwd: Some(Forward::Stale),
@@ -359,7 +388,7 @@ impl Inner {
                 };
                 self.respond(parts, meta, origin, policy, status, None)
             }
-            Revalidated::Failed(Some(mut resp)) | Revalidated::Refused(mut resp) => {
+            Revalidated::Failed(_, Some(mut resp)) | Revalidated::Refused(mut resp) => {
                 let code = resp.status().as_u16();
                 set_status(
                     &mut resp,
@@ -371,8 +400,20 @@ impl Inner {
                 );
                 resp
             }
-            Revalidated::Failed(None) => {
-                error_response(StatusCode::BAD_GATEWAY, "origin unavailable")
+            Revalidated::Failed(failure, None) => {
+                let mut resp = failure.response();
+                if let Failure::Answered { status, .. } = failure {
+                    set_status(
+                        &mut resp,
+                        &CacheStatus {
+                            fwd: Some(Forward::Stale),
+                            fwd_status: Some(status.as_u16()),
+                            collapsed,
+                            ..Default::default()
+                        },
+                    );
+                }
+                resp
             }
         }
     }
@@ -420,9 +461,13 @@ impl Inner {
         let head_deadline = Duration::from_secs(self.config.origin_header_timeout_secs);
         let resp = match tokio::time::timeout(head_deadline, origin.fetch(req)).await {
             Ok(Ok(r)) => r,
-            Ok(Err(_)) | Err(_) => {
+            Ok(Err(OriginError::Timeout)) | Err(_) => {
                 self.metrics.origin_errors.inc();
-                return Revalidated::Failed(None);
+                return Revalidated::Failed(Failure::TimedOut, None);
+            }
+            Ok(Err(OriginError::Unreachable(_))) => {
+                self.metrics.origin_errors.inc();
+                return Revalidated::Failed(Failure::Unreachable, None);
             }
         };
         self.metrics
@@ -492,7 +537,16 @@ impl Inner {
                 }
                 Revalidated::Fresh(m)
             }
-            s if s.is_server_error() => Revalidated::Failed(Some(resp)),
+            status if status.is_server_error() => {
+                let retry_after = resp.headers().get(header::RETRY_AFTER).cloned();
+                Revalidated::Failed(
+                    Failure::Answered {
+                        status,
+                        retry_after,
+                    },
+                    Some(resp),
+                )
+            }
             StatusCode::UNAUTHORIZED
             | StatusCode::PROXY_AUTHENTICATION_REQUIRED
             | StatusCode::TOO_MANY_REQUESTS => Revalidated::Refused(resp),
@@ -605,7 +659,9 @@ impl Inner {
     }
 
     /// A miss: elect (or join) the writer of the first slice the request needs; its answer
-    /// decides the object, and the request streams while it arrives.
+    /// decides the object, and the request streams while it arrives. `depth`: how many times
+    /// the request has decided again ([`REDECIDE_LIMIT`]).
+    #[allow(clippy::too_many_arguments)]
     async fn miss(
         self: &Arc<Self>,
         parts: &Parts,
@@ -614,6 +670,7 @@ impl Inner {
         policy: &FreshnessPolicy,
         mut why: Forward,
         vary: &[HeaderName],
+        depth: u8,
     ) -> Response<Body> {
         if let Err(reason) = request_may_fill(&parts.headers, policy) {
             // Straight to the origin, alone: no fill another request could join, no memo that
@@ -643,8 +700,13 @@ impl Inner {
             let Some((fill, created)) = joined else {
                 // Stored since this request looked (on a loaded machine the thread can be
                 // preempted for milliseconds in between): a hit, not a second fetch. Or marked
-                // to pass since: passed on as it is, not fetched as a slice.
-                return Box::pin(self.serve(parts, key, origin, policy)).await;
+                // to pass since: passed on as it is, not fetched as a slice. Past the limit
+                // (the object changed under this request each time it looked), passed.
+                if depth >= REDECIDE_LIMIT {
+                    self.metrics.result("bypass");
+                    return self.pass(parts, &origin, Some("redecided")).await;
+                }
+                return Box::pin(self.serve_at(parts, key, origin, policy, depth + 1)).await;
             };
             let mut reader = fill.reader();
             match reader.head().await {
@@ -984,6 +1046,8 @@ struct Ask<'a> {
     origin: Arc<dyn Origin>,
     policy: &'a FreshnessPolicy,
     stale_if_error: bool,
+    /// How many times this request has decided again ([`REDECIDE_LIMIT`]).
+    depth: u8,
 }
 
 /// Whether a request's own fields shape the revalidation's answer (`Inner::revalidate`): its
@@ -1008,8 +1072,8 @@ pub(super) enum Rechecked {
     Fresh(Arc<ObjectMeta>),
     /// The object was dropped (another version, or gone): a miss fetches what there is now.
     Changed,
-    /// The origin failed (unreachable, no head in time, 5xx).
-    Failed,
+    /// The origin failed (unreachable, no head in time, 5xx): final for every waiter.
+    Failed(Failure),
     /// An answer for the leading request alone (a refusal, which may be of a field it sent), or
     /// none (its client left).
     Own,
@@ -1020,7 +1084,7 @@ impl Rechecked {
         match outcome {
             Revalidated::Fresh(meta) => Rechecked::Fresh(meta.clone()),
             Revalidated::Changed => Rechecked::Changed,
-            Revalidated::Failed(_) => Rechecked::Failed,
+            Revalidated::Failed(failure, _) => Rechecked::Failed(failure.clone()),
             Revalidated::Refused(_) | Revalidated::Pass => Rechecked::Own,
         }
     }
@@ -1072,11 +1136,46 @@ impl Drop for Leading<'_> {
     }
 }
 
+/// How the origin failed a revalidation: what the requests that waited for it answer with when
+/// no stale copy may be served (the origin's body went to the request that asked).
+#[derive(Clone)]
+pub(super) enum Failure {
+    /// Unreachable, or the exchange broke: 502.
+    Unreachable,
+    /// No response head within `origin_header_timeout_secs`: 504.
+    TimedOut,
+    /// A server error: its status, and its `Retry-After` (when to ask again).
+    Answered {
+        status: StatusCode,
+        retry_after: Option<HeaderValue>,
+    },
+}
+
+impl Failure {
+    fn response(&self) -> Response<Body> {
+        match self {
+            Failure::Unreachable => error_response(StatusCode::BAD_GATEWAY, "origin unavailable"),
+            Failure::TimedOut => error_response(StatusCode::GATEWAY_TIMEOUT, "origin timed out"),
+            Failure::Answered {
+                status,
+                retry_after,
+            } => {
+                let mut resp = error_response(*status, "origin unavailable");
+                if let Some(v) = retry_after {
+                    resp.headers_mut().insert(header::RETRY_AFTER, v.clone());
+                }
+                resp
+            }
+        }
+    }
+}
+
 enum Revalidated {
     Fresh(Arc<ObjectMeta>),
     Changed,
-    /// The origin failed; a 5xx answer is kept to pass on when no stale copy may be served.
-    Failed(Option<Response<Body>>),
+    /// The origin failed; a 5xx answer is kept to pass on (to the request that asked) when no
+    /// stale copy may be served.
+    Failed(Failure, Option<Response<Body>>),
     /// The origin refused the request (a 4xx other than 404, 410 and 416): its answer is passed
     /// on, never a stale copy, and the object stays.
     Refused(Response<Body>),
@@ -1157,4 +1256,142 @@ pub(crate) fn clone_parts(parts: &Parts) -> Parts {
     *req.uri_mut() = parts.uri.clone();
     *req.headers_mut() = parts.headers.clone();
     req.into_parts().0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use http_body_util::BodyExt;
+
+    use crate::cache::{Cache, CacheConfig, OriginFuture};
+
+    /// A 10-byte object, stale at once (`max-age=0`), that the origin always validates (304 to
+    /// its tag). Counts the requests, and the conditional ones.
+    #[derive(Default)]
+    struct Validating {
+        asked: AtomicUsize,
+        conditional: AtomicUsize,
+    }
+
+    impl Origin for Validating {
+        fn fetch(&self, req: Request<()>) -> OriginFuture {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            let conditional = req.headers().get(header::IF_NONE_MATCH).is_some();
+            if conditional {
+                self.conditional.fetch_add(1, Ordering::SeqCst);
+            }
+            Box::pin(async move {
+                let mut r = Response::new(if conditional {
+                    body::empty()
+                } else {
+                    body::full(bytes::Bytes::from_static(b"0123456789"))
+                });
+                if conditional {
+                    *r.status_mut() = StatusCode::NOT_MODIFIED;
+                } else {
+                    r.headers_mut().insert(header::CONTENT_LENGTH, 10.into());
+                }
+                let h = r.headers_mut();
+                h.insert(header::ETAG, HeaderValue::from_static("\"a\""));
+                h.insert(header::CACHE_CONTROL, HeaderValue::from_static("max-age=0"));
+                Ok(r)
+            })
+        }
+    }
+
+    async fn stored(path: &str) -> (Cache, Arc<Validating>, Parts, CacheKey, FreshnessPolicy) {
+        let config = CacheConfig::default();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let cache = Cache::new(&config, None, &mut registry).unwrap();
+        let origin = Arc::new(Validating::default());
+        let (parts, ()) = Request::get(path).body(()).unwrap().into_parts();
+        let key = CacheKey::new("t", &parts.uri);
+        let policy = config.policy().freshness();
+        let resp = cache.serve(&parts, &key, origin.clone(), &policy).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            resp.into_body().collect().await.unwrap().to_bytes(),
+            "0123456789"
+        );
+        assert_eq!(cache.objects(), 1);
+        (cache, origin, parts, key, policy)
+    }
+
+    fn cache_status(resp: &Response<Body>) -> String {
+        resp.headers()[&CACHE_STATUS].to_str().unwrap().to_string()
+    }
+
+    /// Finding (review of a9211f4b): the in-flight revalidations' lock was taken with
+    /// `expect`, so once a panic anywhere poisoned it every later revalidation panicked too
+    /// (the leader's `Drop` already took the poisoned lock's value).
+    #[tokio::test]
+    async fn a_poisoned_recheck_lock_does_not_fail_every_revalidation() {
+        let (cache, origin, parts, key, policy) = stored("/poisoned").await;
+        let inner = cache.inner.clone();
+        let poisoner = std::thread::spawn(move || {
+            let _held = inner.rechecks.lock().unwrap();
+            panic!("poisons the lock");
+        });
+        assert!(poisoner.join().is_err());
+        assert!(cache.inner.rechecks.is_poisoned());
+        let resp = cache.serve(&parts, &key, origin.clone(), &policy).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(
+            cache_status(&resp).contains("fwd-status=304"),
+            "{}",
+            cache_status(&resp)
+        );
+        assert_eq!(origin.conditional.load(Ordering::SeqCst), 1);
+    }
+
+    /// Finding (review of a9211f4b): a revalidation that found its object moved (refreshed or
+    /// dropped since the request looked) decided again on what was stored, with nothing to
+    /// bound how often. Past [`REDECIDE_LIMIT`] it is served as a miss, which passes when the
+    /// object is stored (as it is here): one plain origin request, no further decision.
+    #[tokio::test]
+    async fn a_request_whose_object_keeps_moving_stops_deciding_again() {
+        let (cache, origin, parts, key, policy) = stored("/moving").await;
+        let Lookup::Hit(now) = cache
+            .inner
+            .index
+            .lookup(&key.0, &parts.headers, Instant::now())
+        else {
+            panic!("stored");
+        };
+        // A copy of the stored record: never the one the index holds, so always `Moved`.
+        let seen = Arc::new((*now).clone());
+        let ask = |depth| Ask {
+            parts: &parts,
+            key: &key,
+            meta: seen.clone(),
+            origin: origin.clone(),
+            policy: &policy,
+            stale_if_error: false,
+            depth,
+        };
+        // Below the limit: decided again, on the stored object (one conditional request).
+        let resp = cache.inner.revalidate_and_respond(ask(0)).await;
+        assert!(
+            cache_status(&resp).contains("fwd-status=304"),
+            "{}",
+            cache_status(&resp)
+        );
+        assert_eq!(origin.conditional.load(Ordering::SeqCst), 1);
+        // At the limit: a miss, which finds the object stored and passes.
+        let asked = origin.asked.load(Ordering::SeqCst);
+        let resp = cache
+            .inner
+            .revalidate_and_respond(ask(REDECIDE_LIMIT))
+            .await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(
+            cache_status(&resp).contains("detail=redecided"),
+            "{}",
+            cache_status(&resp)
+        );
+        assert_eq!(origin.asked.load(Ordering::SeqCst), asked + 1);
+        assert_eq!(origin.conditional.load(Ordering::SeqCst), 1);
+    }
 }
