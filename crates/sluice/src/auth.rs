@@ -189,7 +189,7 @@ impl Auth {
     }
 
     /// The client `X-Forwarded-For` names (`None` when it names no hop at all).
-    fn forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> Option<Walked> {
+    pub(crate) fn forwarded_for(&self, peer: IpAddr, headers: &HeaderMap) -> Option<Walked> {
         let mut lines = Vec::new();
         for value in headers.get_all("x-forwarded-for") {
             let Ok(line) = value.to_str() else {
@@ -209,7 +209,7 @@ impl Auth {
 
     /// The client the `for=` nodes of `Forwarded` name (`None` when no element has a `for`
     /// parameter: a proxy writing only `proto` and `host` beside `X-Forwarded-For`).
-    fn forwarded(&self, peer: IpAddr, headers: &HeaderMap) -> Option<Walked> {
+    pub(crate) fn forwarded(&self, peer: IpAddr, headers: &HeaderMap) -> Option<Walked> {
         let mut nodes = Vec::new();
         let mut any_for = false;
         for value in headers.get_all(http::header::FORWARDED) {
@@ -227,22 +227,31 @@ impl Auth {
     /// Walks a chain right to left from the trusted `peer`: the first untrusted node, else the
     /// left-most; an unreadable node reached first makes the client unknown.
     fn walk(&self, peer: IpAddr, nodes: Vec<Option<IpAddr>>) -> Walked {
+        let of = nodes.len();
         let mut client = peer;
-        for node in nodes.into_iter().rev() {
+        for (at, node) in nodes.into_iter().enumerate().rev() {
             let Some(ip) = node else {
-                return Walked::UNREADABLE;
+                return Walked {
+                    at: Some(at),
+                    of,
+                    ..Walked::UNREADABLE
+                };
             };
             client = ip;
             if !self.is_trusted(ip) {
                 return Walked {
                     client,
                     reached: true,
+                    at: Some(at),
+                    of,
                 };
             }
         }
         Walked {
             client,
             reached: false,
+            at: None,
+            of,
         }
     }
 
@@ -254,17 +263,26 @@ impl Auth {
 
 /// Where a forwarding chain, read right to left, led.
 #[derive(Debug, Clone, Copy)]
-struct Walked {
+pub(crate) struct Walked {
     client: IpAddr,
     /// Whether it reached a node that is not a trusted proxy (or one it could not read): a
     /// client rather than the left-most of the proxies.
     reached: bool,
+    /// The index of the node it stopped at (the first untrusted or unreadable one from the
+    /// right), out of [`Walked::of`]: the element or entry the outermost trusted proxy wrote.
+    /// `None` when every node is a trusted proxy, or the field itself could not be read.
+    pub(crate) at: Option<usize>,
+    /// The nodes in the chain (`X-Forwarded-For`'s non-empty hops, `Forwarded`'s non-empty
+    /// elements), over every line of the field.
+    pub(crate) of: usize,
 }
 
 impl Walked {
     const UNREADABLE: Walked = Walked {
         client: UNKNOWN_CLIENT,
         reached: true,
+        at: None,
+        of: 0,
     };
 }
 

@@ -165,7 +165,8 @@ async fn generated_url_with_this_servers_password_is_sealed_and_scoped() {
 /// (the one the proxy forwards in `X-Forwarded-Host` or `Forwarded: host=`) is this server's and
 /// gets the sealed token, which opens the stream here. From a peer that is not a trusted proxy
 /// the forwarded host is not believed: the link is another server's, in MediaFlow's format.
-/// Before, only `Host` was compared, and every link behind such a proxy came out in MediaFlow's.
+/// Before, only `Host` was compared, and every link behind such a proxy came out in MediaFlow's;
+/// then, behind two proxies that each write a host, the hosts differed and none was taken.
 #[tokio::test]
 async fn a_link_for_the_host_a_trusted_proxy_forwards_is_sealed() {
     use sluice_media::token::sealed::SEALED_PREFIX;
@@ -181,23 +182,34 @@ async fn a_link_for_the_host_a_trusted_proxy_forwards_is_sealed() {
         "destination_url": origin.url("/small"),
         "api_password": "server-pw",
     });
-    let forwarded = [
-        ("x-forwarded-host", "media.example"),
-        (
+    let forwarded: [&[(&str, &str)]; 4] = [
+        &[("x-forwarded-host", "media.example")],
+        &[(
             "forwarded",
             "for=203.0.113.7;host=media.example;proto=https",
-        ),
+        )],
+        // Two trusted proxies that each write the host they were asked for (Apache in front of
+        // Apache; RFC 7239 proxies, one element each): the outermost one's is the public host.
+        &[
+            ("x-forwarded-for", "203.0.113.7, 127.0.0.1"),
+            ("x-forwarded-host", "media.example, p2.internal"),
+        ],
+        &[(
+            "forwarded",
+            "for=203.0.113.7;host=media.example;proto=https, for=127.0.0.1;host=p2.internal",
+        )],
     ];
-    for (name, value) in forwarded {
+    for chain in forwarded {
         // The Host the proxy rewrote: sluice's own address on its network.
-        let fields = [("host", "10.0.0.5:8888"), (name, value)];
+        let mut fields = vec![("host", "10.0.0.5:8888")];
+        fields.extend_from_slice(chain);
         let (status, json) =
             post_json_with(&behind.url("/generate_url"), &fields, body.clone()).await;
         assert_eq!(status, 200, "{json}");
         let url = json["url"].as_str().unwrap();
         let (base, token, path) = split_url(url);
         assert_eq!(base, "https://media.example", "{url}");
-        assert!(token.starts_with(SEALED_PREFIX), "{name}: {url}");
+        assert!(token.starts_with(SEALED_PREFIX), "{chain:?}: {url}");
         let r = get(&behind.url(&format!("/_token_{token}{path}"))).await;
         assert_eq!(r.status, 200);
         assert_eq!(r.body.unwrap(), "hello");
@@ -207,7 +219,7 @@ async fn a_link_for_the_host_a_trusted_proxy_forwards_is_sealed() {
         let url = json["url"].as_str().unwrap();
         assert!(
             !split_url(url).1.starts_with(SEALED_PREFIX),
-            "{name}: {url}"
+            "{chain:?}: {url}"
         );
     }
     // The forwarded host must be the link's: another name behind the same proxy is another

@@ -20,6 +20,7 @@
 //! these paths are open without a password, and the connection's idle timeout does not run while
 //! a request is in flight.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,7 +34,7 @@ use sluice_media::{b64url, generate};
 use super::forward::body::{read_ahead, Held, Idle, Late, Stalled, TooLarge, Watch};
 use crate::auth::guesses::Attempt;
 use crate::auth::token::{self, TokenGate, TokenScope};
-use crate::auth::Keys;
+use crate::auth::{Auth, Keys, Walked};
 use crate::body::{self, Body, BoxError};
 use crate::error::ProxyError;
 use crate::request::RequestContext;
@@ -74,8 +75,12 @@ pub async fn handle(
     // Dispatch's handle to the wrong-password limit (`auth::guesses`), taken before the body.
     let attempt = req.extensions().get::<Attempt>().cloned();
     // The peer is trusted as it is for the client's address (`auth.trusted_proxies`).
-    let trusted = keys.load().auth.is_trusted(ctx.peer.ip());
-    let host = reached_host(req.headers(), ctx.host.as_deref(), trusted);
+    let host = reached_host(
+        req.headers(),
+        ctx.host.as_deref(),
+        &keys.load().auth,
+        ctx.peer.ip(),
+    );
     match ctx.path.as_str() {
         "/base64/check" => Ok(json_response(&b64url::check_response(
             ctx.query.get("url").unwrap_or(""),
@@ -200,22 +205,49 @@ fn this_server(base: &str, host: Option<&str>) -> bool {
 }
 
 /// The host the client asked for: the request's `Host` (or HTTP/2 authority), `host`; or, when
-/// the peer is a `trusted` front proxy, the one it forwards: `X-Forwarded-Host`, or `host=` in
+/// the `peer` is a trusted front proxy, the one it forwards: `X-Forwarded-Host`, or `host=` in
 /// `Forwarded` (RFC 7239), which such a proxy sets when it rewrites `Host` to reach this server.
-/// Every host those fields name must be the same (case aside): fields that disagree (a client's
-/// own value passed on beside the proxy's) or do not parse leave the host unknown (`None`), and
-/// the link is then another server's. From a peer that is not trusted they are not read.
-fn reached_host(headers: &HeaderMap, host: Option<&str>, trusted: bool) -> Option<String> {
-    if !trusted {
+/// From a peer that is not trusted they are not read.
+///
+/// Each proxy of a chain may add its own (Apache appends to `X-Forwarded-Host`, an RFC 7239 proxy
+/// adds an element with its `Host`): the public host is the one the outermost trusted proxy
+/// wrote, where the client address's walk stops ([`Auth::client_ip`]: right to left through
+/// the trusted proxies). In `Forwarded`, the `host=` of the element whose `for=` it stops at; in
+/// `X-Forwarded-Host`, the entry at the index of the `X-Forwarded-For` hop it stops at, when
+/// both name as many. Otherwise (no chain, or one naming proxies alone, or lists of unequal
+/// length) every host the field names must be the same (case aside). The hosts both fields give
+/// must be the same too: fields that disagree (a client's own value passed on beside the
+/// proxy's) or do not parse leave the host unknown (`None`), and the link is then another
+/// server's.
+fn reached_host(
+    headers: &HeaderMap,
+    host: Option<&str>,
+    auth: &Auth,
+    peer: IpAddr,
+) -> Option<String> {
+    if !auth.is_trusted(peer) {
         return host.map(str::to_string);
     }
     let mut named: Vec<&str> = Vec::new();
+    let mut entries: Vec<&str> = Vec::new();
     for line in headers.get_all("x-forwarded-host") {
         let line = line.to_str().ok()?;
-        named.extend(line.split(',').map(str::trim));
+        entries.extend(line.split(',').map(str::trim));
     }
+    match auth.forwarded_for(peer, headers) {
+        Some(Walked {
+            at: Some(at), of, ..
+        }) if of == entries.len() => named.push(entries[at]),
+        _ => named.extend(entries),
+    }
+    // Each non-empty element's `host=` values, as `Auth::forwarded` counts its elements.
+    let mut elements: Vec<Vec<&str>> = Vec::new();
     for line in headers.get_all(header::FORWARDED) {
         for element in crate::auth::split_unquoted(line.to_str().ok()?, b',')? {
+            if element.trim().is_empty() {
+                continue;
+            }
+            let mut hosts = Vec::new();
             for pair in crate::auth::split_unquoted(element, b';')? {
                 let pair = pair.trim();
                 if pair.is_empty() {
@@ -228,10 +260,19 @@ fn reached_host(headers: &HeaderMap, host: Option<&str>, trusted: bool) -> Optio
                         Some(quoted) => quoted.strip_suffix('"')?,
                         None => value,
                     };
-                    named.push(value);
+                    hosts.push(value);
                 }
             }
+            elements.push(hosts);
         }
+    }
+    match auth.forwarded(peer, headers) {
+        Some(Walked {
+            at: Some(at), of, ..
+        }) if of == elements.len() && !elements[at].is_empty() => {
+            named.append(&mut elements[at]);
+        }
+        _ => named.extend(elements.into_iter().flatten()),
     }
     let Some(first) = named.first() else {
         return host.map(str::to_string);
@@ -413,7 +454,12 @@ mod tests {
                     HeaderValue::from_str(value).unwrap(),
                 );
             }
-            reached_host(&headers, Some("backend:8888"), trusted)
+            let auth = Auth::new(&crate::auth::AuthConfig {
+                trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()],
+                ..Default::default()
+            });
+            let peer = if trusted { "10.0.0.9" } else { "198.51.100.1" };
+            reached_host(&headers, Some("backend:8888"), &auth, peer.parse().unwrap())
         };
         let public = Some("proxy.example".to_string());
         let xfh = [("x-forwarded-host", "proxy.example")];
@@ -472,6 +518,117 @@ mod tests {
             reached(&[("forwarded", "for=203.0.113.7;proto=https")], true).as_deref(),
             Some("backend:8888")
         );
+    }
+
+    /// Two trusted proxies that each write the host they were asked for (Apache appending to
+    /// `X-Forwarded-Host`, RFC 7239 proxies adding an element each): the public host is the one
+    /// the outermost trusted proxy wrote, where the client address's walk stops, and a client's
+    /// own value to its left is passed over. Before, the hosts differed and none was taken.
+    #[test]
+    fn the_outermost_trusted_proxys_host_is_the_public_one() {
+        let reached = |fields: &[(&str, &str)]| {
+            let mut headers = HeaderMap::new();
+            for (name, value) in fields {
+                headers.append(
+                    http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            let auth = Auth::new(&crate::auth::AuthConfig {
+                trusted_proxies: vec!["10.0.0.0/8".parse().unwrap()],
+                ..Default::default()
+            });
+            reached_host(
+                &headers,
+                Some("10.0.0.5:8888"),
+                &auth,
+                "10.0.0.9".parse().unwrap(),
+            )
+        };
+        let public = Some("media.example".to_string());
+        for sure in [
+            // Apache in front of Apache.
+            vec![
+                ("x-forwarded-for", "203.0.113.7, 10.0.0.2"),
+                ("x-forwarded-host", "media.example, p2.internal"),
+            ],
+            // The same over several lines, and a client's own pair passed on to the left.
+            vec![
+                ("x-forwarded-for", "6.6.6.6"),
+                ("x-forwarded-host", "evil.example"),
+                ("x-forwarded-for", "203.0.113.7, 10.0.0.2"),
+                ("x-forwarded-host", "media.example, p2.internal"),
+            ],
+            // A single proxy that overwrites the host and appends to a client's chain.
+            vec![
+                ("x-forwarded-for", "6.6.6.6, 203.0.113.7"),
+                ("x-forwarded-host", "media.example"),
+            ],
+            // RFC 7239 proxies, one element each.
+            vec![(
+                "forwarded",
+                "for=203.0.113.7;host=media.example;proto=https, for=10.0.0.2;host=p2.internal",
+            )],
+            vec![
+                ("forwarded", "for=6.6.6.6;host=evil.example"),
+                (
+                    "forwarded",
+                    "for=\"[2001:db8::7]:1\";host=\"media.example\"",
+                ),
+                ("forwarded", "for=10.0.0.2;host=p2.internal"),
+            ],
+            // The client's node unreadable: still the element the outermost proxy wrote.
+            vec![(
+                "forwarded",
+                "for=_hidden;host=media.example, for=10.0.0.2;host=p2.internal",
+            )],
+            // Both fields, each its own chain, naming the same public host.
+            vec![
+                ("x-forwarded-for", "203.0.113.7, 10.0.0.2"),
+                ("x-forwarded-host", "media.example, p2.internal"),
+                (
+                    "forwarded",
+                    "for=203.0.113.7;host=MEDIA.example, for=10.0.0.2;host=p2.internal",
+                ),
+            ],
+        ] {
+            assert_eq!(reached(&sure), public, "{sure:?}");
+        }
+        for unsure in [
+            // Lists of unequal length (a client's host with no hop of its own): all must agree.
+            vec![
+                ("x-forwarded-for", "203.0.113.7, 10.0.0.2"),
+                (
+                    "x-forwarded-host",
+                    "evil.example, media.example, p2.internal",
+                ),
+            ],
+            // Proxies alone: nowhere to stop.
+            vec![
+                ("x-forwarded-for", "10.0.0.3, 10.0.0.2"),
+                ("x-forwarded-host", "media.example, p2.internal"),
+            ],
+            vec![(
+                "forwarded",
+                "for=10.0.0.3;host=media.example, for=10.0.0.2;host=p2.internal",
+            )],
+            // The fields' public hosts differ.
+            vec![
+                ("x-forwarded-for", "203.0.113.7, 10.0.0.2"),
+                ("x-forwarded-host", "media.example, p2.internal"),
+                (
+                    "forwarded",
+                    "for=203.0.113.7;host=other.example, for=10.0.0.2;host=p2.internal",
+                ),
+            ],
+            // The element stopped at names no host: every host named must agree.
+            vec![(
+                "forwarded",
+                "for=6.6.6.6;host=evil.example, for=203.0.113.7, for=10.0.0.2;host=p2.internal",
+            )],
+        ] {
+            assert_eq!(reached(&unsure), None, "{unsure:?}");
+        }
     }
 
     /// `/generate_urls` and the other JSON endpoints are open without a password: a body that

@@ -123,10 +123,13 @@ struct HostsFile {
     due: AtomicU64,
     /// A check is under way: no second one starts beside it.
     checking: AtomicBool,
-    /// The file as last read (`None`: there was none, or it could not be opened).
+    /// The file as last read, or last found unreadable (`None`: there was none, or it could not
+    /// be opened).
     seen: Mutex<Option<Stamp>>,
     /// Checks made (each one `stat`), for tests.
     checks: AtomicU64,
+    /// Reads of the file made by checks, for tests.
+    reads: AtomicU64,
 }
 
 /// What tells a hosts file's versions apart.
@@ -150,6 +153,7 @@ impl HostsFile {
             checking: AtomicBool::new(false),
             seen: Mutex::new(seen),
             checks: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
         };
         (file, hosts.unwrap_or_default())
     }
@@ -187,25 +191,21 @@ impl Dns {
         }
     }
 
-    /// Starts a check of the hosts file when one is due; the caller does not wait for it.
+    /// Starts a check of the hosts file when one is due; the caller does not wait for it. The
+    /// claim is let go by a guard the task owns from the start, so it is let go however the
+    /// task ends, even dropped before its first poll (with its runtime).
     fn refresh_if_due(self: &Arc<Self>) {
         if self.hosts.due() {
-            let dns = self.clone();
-            tokio::spawn(async move { dns.check().await });
+            let done = Done(self.clone());
+            tokio::spawn(async move { done.0.clone().check().await });
         }
     }
 
     /// Looks at the hosts file on the blocking pool and, when its modification time or length
-    /// changed, reads it and answers from it from then on.
+    /// changed, reads it and answers from it from then on. A file that cannot be read is
+    /// warned about once per change: its stamp is recorded and the hosts before it kept. One
+    /// that cannot be opened (but is there) is looked at again at the next check.
     async fn check(self: Arc<Self>) {
-        /// Lets the next check start however this one ends (its task dropped with its runtime).
-        struct Done<'a>(&'a AtomicBool);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::Release);
-            }
-        }
-        let _done = Done(&self.hosts.checking);
         let dns = self.clone();
         let job = tokio::task::spawn_blocking(move || {
             let hosts = &dns.hosts;
@@ -214,17 +214,36 @@ impl Dns {
             if stamp_of(&hosts.path) == seen {
                 return None;
             }
-            let (stamp, read) = read_hosts(&hosts.path);
-            Some((stamp, read?))
+            hosts.reads.fetch_add(1, Ordering::Relaxed);
+            Some(read_hosts(&hosts.path))
         })
         .await;
         if let Ok(Some((stamp, read))) = job {
-            let mut resolver = TokioResolver::clone(&self.resolver.load());
-            resolver.set_hosts(Arc::new(read));
-            self.resolver.store(Arc::new(resolver));
-            *self.hosts.seen.lock().unwrap_or_else(|e| e.into_inner()) = stamp;
-            tracing::info!(path = %self.hosts.path.display(), "hosts file changed; read again");
+            let read_ok = read.is_some();
+            if let Some(read) = read {
+                let mut resolver = TokioResolver::clone(&self.resolver.load());
+                resolver.set_hosts(Arc::new(read));
+                self.resolver.store(Arc::new(resolver));
+                tracing::info!(path = %self.hosts.path.display(), "hosts file changed; read again");
+            }
+            // Not when it could not be opened: the stamp of the file last read stays, so the next
+            // check tries again.
+            if read_ok || stamp.is_some() {
+                *self.hosts.seen.lock().unwrap_or_else(|e| e.into_inner()) = stamp;
+            }
         }
+    }
+}
+
+/// A claimed check of the hosts file ([`HostsFile::due`]): lets the next one start when
+/// dropped, however the check ends or if it never runs.
+#[cfg(feature = "dns")]
+struct Done(Arc<Dns>);
+
+#[cfg(feature = "dns")]
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.hosts.checking.store(false, Ordering::Release);
     }
 }
 
@@ -233,7 +252,8 @@ impl Dns {
     /// Claims a due check and runs it to its end.
     async fn check_if_claimed(self: Arc<Self>) {
         assert!(self.hosts.due(), "a check is due");
-        self.check().await;
+        let done = Done(self.clone());
+        done.0.clone().check().await;
     }
 }
 
@@ -246,13 +266,21 @@ fn stamp_of(path: &std::path::Path) -> Option<Stamp> {
     })
 }
 
-/// The hosts file's stamp and its entries, both from the one open file; no file is no entries.
-/// `None` entries when it could be opened but not read (the previous ones are kept, and it is
-/// read again at the next check).
+/// The hosts file's stamp and its entries, both from the one open file; no file (`NotFound`) is
+/// no entries. `None` entries when it could not be opened for another reason (no stamp either:
+/// it is looked at again at the next check) or opened but not read (its stamp: it is read again
+/// when it changes); the previous entries are kept.
 #[cfg(feature = "dns")]
 fn read_hosts(path: &std::path::Path) -> (Option<Stamp>, Option<Hosts>) {
-    let Ok(file) = std::fs::File::open(path) else {
-        return (None, Some(Hosts::default()));
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return (None, Some(Hosts::default())),
+        Err(e) => {
+            // A full descriptor table (EMFILE), permissions: not "no file", which would drop
+            // every name the file gives.
+            tracing::warn!(path = %path.display(), error = %e, "cannot open the hosts file");
+            return (None, None);
+        }
     };
     let stamp = file.metadata().ok().map(|m| Stamp {
         modified: m.modified().ok(),
@@ -462,6 +490,145 @@ mod tests {
         dns.hosts.due.store(0, Ordering::Relaxed);
         dns.clone().check_if_claimed().await;
         assert!(r.lookup("added.test", 80).await.is_err());
+        assert_eq!(
+            ip(r.lookup("upstream.test", 80).await).as_deref(),
+            Some("192.0.2.2")
+        );
+    }
+
+    /// A resolver with no name servers answering from the hosts file at `path`, checked only
+    /// when a test makes a check due.
+    #[cfg(feature = "dns")]
+    fn hosts_only(path: &std::path::Path) -> (Arc<Dns>, Resolver) {
+        use hickory_resolver::config::ResolverConfig;
+        use hickory_resolver::name_server::TokioConnectionProvider;
+        let builder = TokioResolver::builder_with_config(
+            ResolverConfig::new(),
+            TokioConnectionProvider::default(),
+        );
+        let dns = Arc::new(Dns::new(
+            build(builder),
+            path.to_path_buf(),
+            Duration::from_secs(3600),
+        ));
+        let r = Resolver {
+            dns: Some(dns.clone()),
+        };
+        (dns, r)
+    }
+
+    /// A check whose task is dropped before it first runs (its runtime shut down with it queued)
+    /// lets the next one start. Before, the claim was let go by a guard the check built once
+    /// running, so a task never polled left `checking` set and the file was never looked at
+    /// again.
+    #[cfg(feature = "dns")]
+    #[test]
+    fn a_check_dropped_before_it_runs_lets_the_next_one_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hosts");
+        std::fs::write(&path, "192.0.2.1 upstream.test\n").unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (dns, _r) = {
+            let _in = runtime.enter();
+            hosts_only(&path)
+        };
+        dns.hosts.due.store(0, Ordering::Relaxed);
+        {
+            let _in = runtime.enter();
+            dns.refresh_if_due();
+        }
+        assert!(
+            dns.hosts.checking.load(Ordering::Acquire),
+            "claimed, queued"
+        );
+        drop(runtime);
+        assert_eq!(dns.hosts.checks.load(Ordering::Relaxed), 0, "never ran");
+        assert!(
+            !dns.hosts.checking.load(Ordering::Acquire),
+            "the claim outlived its task"
+        );
+        dns.hosts.due.store(0, Ordering::Relaxed);
+        assert!(dns.hosts.due(), "the next check starts");
+    }
+
+    /// A hosts file that is there but cannot be opened (here a path through a regular file,
+    /// `ENOTDIR`; in production a full descriptor table or its permissions) keeps the hosts read
+    /// before and is looked at again at the next check. Before, any failure to open it was "no
+    /// file": every name it gave was dropped.
+    #[cfg(feature = "dns")]
+    #[tokio::test]
+    async fn a_hosts_file_that_cannot_be_opened_keeps_the_hosts_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc");
+        std::fs::create_dir(&etc).unwrap();
+        let path = etc.join("hosts");
+        std::fs::write(&path, "192.0.2.1 upstream.test\n").unwrap();
+        let (dns, r) = hosts_only(&path);
+        let ip = |a: io::Result<Vec<SocketAddr>>| a.ok().map(|a| a[0].ip().to_string());
+        assert_eq!(
+            ip(r.lookup("upstream.test", 80).await).as_deref(),
+            Some("192.0.2.1")
+        );
+        std::fs::remove_dir_all(&etc).unwrap();
+        std::fs::write(&etc, "not a directory").unwrap();
+        assert_ne!(
+            std::fs::File::open(&path).unwrap_err().kind(),
+            io::ErrorKind::NotFound
+        );
+        for _ in 0..2 {
+            dns.hosts.due.store(0, Ordering::Relaxed);
+            dns.clone().check_if_claimed().await;
+            assert_eq!(
+                ip(r.lookup("upstream.test", 80).await).as_deref(),
+                Some("192.0.2.1")
+            );
+        }
+        assert_eq!(dns.hosts.reads.load(Ordering::Relaxed), 2, "tried again");
+        // Once it opens again, it is read.
+        std::fs::remove_file(&etc).unwrap();
+        std::fs::create_dir(&etc).unwrap();
+        std::fs::write(&path, "192.0.2.2 upstream.test\n").unwrap();
+        dns.hosts.due.store(0, Ordering::Relaxed);
+        dns.clone().check_if_claimed().await;
+        assert_eq!(
+            ip(r.lookup("upstream.test", 80).await).as_deref(),
+            Some("192.0.2.2")
+        );
+        // A file taken away is no names.
+        std::fs::remove_file(&path).unwrap();
+        dns.hosts.due.store(0, Ordering::Relaxed);
+        dns.clone().check_if_claimed().await;
+        assert!(r.lookup("upstream.test", 80).await.is_err());
+    }
+
+    /// A hosts file that cannot be read (a byte that is not UTF-8) keeps the hosts before it and
+    /// is read (and warned about) once, not at every check until it changes; once it changes it
+    /// is read again. Before, its stamp was not recorded and every check read it again.
+    #[cfg(feature = "dns")]
+    #[tokio::test]
+    async fn an_unreadable_hosts_file_is_read_once_until_it_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hosts");
+        std::fs::write(&path, "192.0.2.1 upstream.test\n").unwrap();
+        let (dns, r) = hosts_only(&path);
+        let ip = |a: io::Result<Vec<SocketAddr>>| a.ok().map(|a| a[0].ip().to_string());
+        std::fs::write(&path, b"192.0.2.2 upstream.test\n192.0.2.3 caf\xe9.test\n").unwrap();
+        for _ in 0..3 {
+            dns.hosts.due.store(0, Ordering::Relaxed);
+            dns.clone().check_if_claimed().await;
+            assert_eq!(
+                ip(r.lookup("upstream.test", 80).await).as_deref(),
+                Some("192.0.2.1")
+            );
+        }
+        assert_eq!(dns.hosts.checks.load(Ordering::Relaxed), 3);
+        assert_eq!(dns.hosts.reads.load(Ordering::Relaxed), 1, "read once");
+        std::fs::write(&path, "192.0.2.2 upstream.test\n").unwrap();
+        dns.hosts.due.store(0, Ordering::Relaxed);
+        dns.clone().check_if_claimed().await;
+        assert_eq!(dns.hosts.reads.load(Ordering::Relaxed), 2);
         assert_eq!(
             ip(r.lookup("upstream.test", 80).await).as_deref(),
             Some("192.0.2.2")
