@@ -407,11 +407,19 @@ impl Segmenter {
             // The picture now starts `buf`.
             return self.decide_waiting(0, dts, keyframe);
         }
+        let elapsed = dts.wrapping_sub(seg.start) & (WRAP - 1);
+        let limit = self.settings.target + CLOCK / 2 - 1;
+        if elapsed > limit {
+            // A step forward (under `MAX_STEP`) that would carry the segment past the target:
+            // a break too. The segment ends a picture after its last, within the target (a
+            // segment longer than it would change the playlist's target duration, RFC 8216
+            // 6.2.1), and the picture waits to start the next, a discontinuity.
+            self.break_off(offset);
+            return self.decide_waiting(0, dts, keyframe);
+        }
         if step > 0 && step < CLOCK {
             self.frame = step;
         }
-        let elapsed = dts.wrapping_sub(seg.start) & (WRAP - 1);
-        let limit = self.settings.target + CLOCK / 2 - 1;
         let cut = if keyframe {
             elapsed >= self.settings.target || (elapsed > 0 && elapsed + self.gop > limit)
         } else {
@@ -587,7 +595,9 @@ impl Segmenter {
             });
         }
         self.done.push(Segment {
-            data: Bytes::from(data),
+            // Without the spare capacity `buf` grew with (up to as much again as the segment,
+            // held as long as the segment and counted nowhere).
+            data: Bytes::from(data.into_boxed_slice()),
             duration,
             keyframe: seg.keyframe,
             discontinuity: seg.discontinuity,

@@ -220,6 +220,21 @@ fn segments_start_with_tables_and_a_keyframe_and_keep_every_byte() {
     );
 }
 
+/// A segment holds no more memory than its bytes: the buffer it was built in grew by doubling,
+/// and its spare capacity (up to as much again, uncounted) is not kept with it.
+#[test]
+fn a_segment_holds_no_spare_capacity() {
+    let mut g = Gen::new();
+    let input = stream(&mut g, 0, 250, 25, false);
+    let segs = run(&input, 2, 1316);
+    assert_eq!(segs.len(), 5);
+    for (i, seg) in segs.into_iter().enumerate() {
+        let len = seg.data.len();
+        let held = seg.data.try_into_mut().expect("the only handle").capacity();
+        assert_eq!(held, len, "segment {i}: {held} bytes held for {len}");
+    }
+}
+
 #[test]
 fn chunking_does_not_change_the_segments() {
     let mut g = Gen::new();
@@ -293,6 +308,31 @@ fn a_restarted_sender_and_new_pids_are_discontinuities() {
     assert_eq!(mpegts::parse_header(&after[188..]).unwrap().pid, 0x1100);
     assert_eq!(mpegts::parse_header(&after[376..]).unwrap().pid, 0x200);
     assert!(segs.iter().all(|s| s.keyframe));
+}
+
+/// A forward step shorter than a restart (under 10 s) that would carry the segment past the
+/// target is a break: the segment ends one picture after its last, and the next is a
+/// discontinuity, so no segment is longer than the target (RFC 8216 6.2.1: the target
+/// duration of a playlist never changes).
+#[test]
+fn a_step_past_the_target_is_a_break_not_a_long_segment() {
+    let mut g = Gen::new();
+    // 2 s, then 2 s more 9 s later, then 2 s more 9 s later again (keyframes every 1.6 s).
+    let mut input = stream(&mut g, 0, 50, 25, false);
+    input.extend(stream(&mut g, 50 * FRAME + 9 * CLOCK, 50, 25, false));
+    input.extend(stream(&mut g, 100 * FRAME + 18 * CLOCK, 50, 40, false));
+    let segs = run(&input, 4, 1316);
+    let limit = 4 * CLOCK + CLOCK / 2 - 1;
+    let lengths: Vec<u64> = segs.iter().map(|s| s.duration).collect();
+    assert!(lengths.iter().all(|d| *d <= limit), "{lengths:?}");
+    let flags: Vec<bool> = segs.iter().map(|s| s.discontinuity).collect();
+    assert_eq!(flags, [false, true, true], "{lengths:?}");
+    assert_eq!(
+        segs[0].duration,
+        50 * FRAME,
+        "ends one picture after its last"
+    );
+    assert_eq!(segs[1].start, 50 * FRAME + 9 * CLOCK);
 }
 
 #[test]

@@ -74,6 +74,11 @@ pub struct HlsConfig {
     /// ended ones idle longest are dropped first, then a programme still arriving loses its
     /// oldest segments (as with `catchup_max_bytes`).
     pub catchup_total_bytes: u64,
+    /// A running live channel's window (the segments its playlist lists and one more, with
+    /// their fMP4 rewrites) holds at most this many bytes: past it the oldest go, and the
+    /// playlist lists fewer. A sender without usable timestamps gets segments of up to 32 MiB
+    /// each; without this bound that was 160 MiB per channel and more with fMP4.
+    pub live_window_max_bytes: u64,
     /// Segments as `ts` (MPEG-TS, as the channel carries it) or `fmp4` (fragmented MP4 with
     /// an init segment); `?container=ts` or `?container=fmp4` on the playlist overrides it.
     pub container: Container,
@@ -87,6 +92,7 @@ crate::section::config_section!(HlsConfig {
     part_target_ms,
     catchup_max_bytes,
     catchup_total_bytes,
+    live_window_max_bytes,
     container,
 });
 
@@ -100,6 +106,7 @@ impl Default for HlsConfig {
             part_target_ms: 0,
             catchup_max_bytes: 256 << 20,
             catchup_total_bytes: 512 << 20,
+            live_window_max_bytes: 128 << 20,
             container: Container::Ts,
         }
     }
@@ -112,6 +119,9 @@ impl HlsConfig {
         }
         if !(2..=30).contains(&self.window) {
             return Err("window must be 2 to 30".into());
+        }
+        if self.live_window_max_bytes < 1 << 20 {
+            return Err("live_window_max_bytes must be at least 1048576 (1 MiB)".into());
         }
         let part = self.part_target_ms;
         if part != 0 && !(100..self.target_duration_secs * 1000).contains(&part) {
@@ -241,8 +251,8 @@ impl Channel {
 
     /// Bytes of the segments held (TS and fMP4), and whether the channel has ended.
     fn held(&self) -> (u64, bool) {
-        // The window is let go before the fMP4 state is locked (`want_fmp4` takes them the
-        // other way round).
+        // Neither lock is held long: the fMP4 bytes are read without the fMP4 state's lock
+        // (its rewrite runs outside it, on the blocking pool).
         let (bytes, ended) = {
             let w = registry::lock(&self.window);
             (w.bytes, w.ended)
@@ -822,6 +832,24 @@ impl Iptv {
             Err(recorder) => return self.timeshift_playlist(channel, recorder, req).await,
         };
         if container == Container::Fmp4 {
+            // The segments it lists are rewritten on the blocking pool: a first fMP4 request
+            // on a catch-up channel waits for the whole window (without holding a worker).
+            let newest = listing.entries.last().map(|e| e.sequence);
+            if let Some(newest) = newest {
+                let settled = channel.fmp4.settle(newest, wait).await;
+                if !settled && (listing.ended || channel.fmp4.done().is_none()) {
+                    let mut resp = super::text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &format!(
+                            "the fMP4 segments of {} are still being written\n",
+                            channel.key.channel()
+                        ),
+                    );
+                    resp.headers_mut()
+                        .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+                    return resp;
+                }
+            }
             // Written once per version as the TS one is (and as large, on the blocking pool).
             let text = channel
                 .rendered
@@ -1251,13 +1279,13 @@ fn outside_window(segments: &[timeshift::Recorded], begin: i64) -> Response<Body
 }
 
 /// Segments a channel's window keeps, and their most bytes: a live channel its playlist's
-/// window and one more; a catch-up session its whole programme, within its byte budget and
-/// `CATCHUP_MAX_SEGMENTS`.
+/// window and one more, within `live_window_max_bytes`; a catch-up session its whole
+/// programme, within its byte budget and `CATCHUP_MAX_SEGMENTS`.
 fn keep(config: &HlsConfig, catchup: bool) -> (usize, u64) {
     if catchup {
         (CATCHUP_MAX_SEGMENTS, config.catchup_max_bytes)
     } else {
-        (config.window + 1, u64::MAX)
+        (config.window + 1, config.live_window_max_bytes)
     }
 }
 
@@ -1324,6 +1352,7 @@ async fn wait_for_segment(channel: &Channel, n: u64, wait: Duration) {
 async fn fragment_of(channel: &Channel, n: u64, wait: Duration) -> Response<Body> {
     channel.want_fmp4();
     wait_for_segment(channel, n, wait).await;
+    channel.fmp4.settle(n, wait).await;
     match channel.fmp4.fragment(n) {
         Some(Some(f)) => mp4_response(f.media),
         Some(None) => super::text(
@@ -1605,6 +1634,121 @@ mod tests {
             start: number * 90_000,
             number,
         }
+    }
+
+    /// TS from a sender whose timestamps hardly advance: PAT, PMT (H.264 on 0x100), then
+    /// `pictures` keyframes a tick apart (no segment ever reaches the target duration).
+    fn stuck_clock(pictures: usize) -> Vec<u8> {
+        let mut cc = [0u8; 3];
+        let mut packet = |slot: usize, pid: u16, start: bool, payload: &[u8]| {
+            let mut p = vec![
+                0x47,
+                (pid >> 8) as u8 | if start { 0x40 } else { 0 },
+                pid as u8,
+            ];
+            let take = payload.len().min(184);
+            if take < 184 {
+                p.push(0x30 | cc[slot]);
+                p.push((183 - take) as u8);
+                if take < 183 {
+                    p.push(0);
+                    p.resize(p.len() + 182 - take, 0xff);
+                }
+            } else {
+                p.push(0x10 | cc[slot]);
+            }
+            cc[slot] = (cc[slot] + 1) & 0x0f;
+            p.extend_from_slice(&payload[..take]);
+            assert_eq!(p.len(), 188);
+            p
+        };
+        let pat = [
+            0, 0x00, 0xb0, 13, 0, 1, 0xc1, 0, 0, 0, 1, 0xf0, 0x00, 0, 0, 0, 0,
+        ];
+        let pmt = [
+            0, 0x02, 0xb0, 18, 0, 1, 0xc1, 0, 0, 0xe1, 0x00, 0xf0, 0, 0x1b, 0xe1, 0x00, 0xf0, 0, 0,
+            0, 0, 0,
+        ];
+        let stamp = |prefix: u8, ts: u64| {
+            [
+                prefix | ((ts >> 29) & 0x0e) as u8,
+                (ts >> 22) as u8,
+                ((ts >> 14) & 0xfe) as u8 | 1,
+                (ts >> 7) as u8,
+                ((ts << 1) & 0xfe) as u8 | 1,
+            ]
+        };
+        let mut out = Vec::new();
+        for i in 0..pictures {
+            if i % 10 == 0 {
+                out.extend(packet(0, 0, true, &pat));
+                out.extend(packet(1, 0x1000, true, &pmt));
+            }
+            // One tick a picture: a segment would need 360,000 to reach 4 seconds.
+            let mut pes = vec![0, 0, 1, 0xe0, 0, 0, 0x80, 0xc0, 10];
+            pes.extend_from_slice(&stamp(0x31, i as u64));
+            pes.extend_from_slice(&stamp(0x11, i as u64));
+            pes.extend_from_slice(&[0, 0, 0, 1, 0x09, 0xf0, 0, 0, 0, 1, 0x67, 1, 2, 3]);
+            pes.extend_from_slice(&[0, 0, 0, 1, 0x68, 4, 0, 0, 1, 0x65]);
+            pes.resize(900, 0x55);
+            for (j, chunk) in pes.chunks(184).enumerate() {
+                out.extend(packet(2, 0x100, j == 0, chunk));
+            }
+        }
+        out
+    }
+
+    /// A live channel's window keeps `window + 1` segments within `live_window_max_bytes`: a
+    /// sender without usable timestamps makes every segment as large as the segmenter allows,
+    /// and the window lets its oldest go to stay within the bytes.
+    #[test]
+    fn a_live_window_is_bounded_in_bytes() {
+        let config = HlsConfig {
+            window: 10,
+            live_window_max_bytes: 1 << 20,
+            ..HlsConfig::default()
+        };
+        let c = bare(None);
+        let mut segmenter = Segmenter::new(Settings {
+            target: config.target_duration_secs * CLOCK,
+            max_bytes: 200_000,
+            part: 0,
+        });
+        let input = stuck_clock(6000);
+        let mut stored = 0;
+        for chunk in input.chunks(7 * 188) {
+            segmenter.push(chunk);
+            let segments = segmenter.take();
+            stored += segments.len();
+            c.store(Vec::new(), segments, keep(&config, false), None);
+            let w = registry::lock(&c.window);
+            assert!(
+                w.bytes <= 1 << 20,
+                "{} bytes in {}",
+                w.bytes,
+                w.segments.len()
+            );
+            assert_eq!(
+                w.bytes,
+                w.segments
+                    .iter()
+                    .map(|(_, s)| s.data.len() as u64)
+                    .sum::<u64>()
+            );
+        }
+        assert!(stored >= 15, "{stored} segments");
+        let w = registry::lock(&c.window);
+        assert!(
+            (1..=config.window).contains(&w.segments.len()),
+            "{}",
+            w.segments.len()
+        );
+        assert!(HlsConfig {
+            live_window_max_bytes: 1000,
+            ..HlsConfig::default()
+        }
+        .validate()
+        .is_err());
     }
 
     /// A source jumping its timestamps makes a tiny segment at each jump: a catch-up window

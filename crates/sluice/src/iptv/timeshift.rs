@@ -197,6 +197,14 @@ impl Recorder {
         }
         let gone = {
             let mut index = registry::lock(&self.index);
+            // Its wall clock is estimated from its timestamps and when they arrived: jitter
+            // may put it before the previous segment's end, and the window's clock would go
+            // back (a `PROGRAM-DATE-TIME` earlier than the one before it, an instant two
+            // segments hold, a seek landing in the older). It begins where that one ends.
+            let wall_ms = index
+                .segments
+                .back()
+                .map_or(wall_ms, |last| wall_ms.max(last.end_ms()));
             index.next = index.next.max(sequence + 1);
             index.bytes += segment.data.len() as u64;
             index.segments.push_back(Recorded {
@@ -364,6 +372,26 @@ mod tests {
             assert!(recorder.read(n).await.is_none());
         }
         assert!(path.join(format!("{extra}.ts")).exists());
+    }
+
+    /// A segment whose estimated wall clock falls before the previous one's end begins where
+    /// that one ends: the window's clock never goes back, and an instant is in one segment.
+    #[tokio::test]
+    async fn a_segment_begins_no_earlier_than_the_one_before_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let recorder = Recorder::open(dir.path().join("ch"), 60, 2 << 30, 4).unwrap();
+        let four = |n: u64| Segment {
+            duration: 4 * CLOCK,
+            ..small(n, 1)
+        };
+        recorder.keep(0, &four(0), 10_000).await;
+        recorder.keep(1, &four(1), 12_500).await;
+        recorder.keep(2, &four(2), 19_000).await;
+        let (segments, _) = recorder.segments();
+        let walls: Vec<i64> = segments.iter().map(|r| r.wall_ms).collect();
+        assert_eq!(walls, [10_000, 14_000, 19_000]);
+        let (picked, offset) = range(&segments, 13_000, None).unwrap();
+        assert_eq!((picked[0].sequence, offset), (0, 3_000));
     }
 
     /// A valid configuration keeps its whole window: 24 hours of 4-second segments are 21,600

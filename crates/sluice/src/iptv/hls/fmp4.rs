@@ -3,11 +3,13 @@
 //! viewer, from the channel's first fMP4 request on (a channel nobody asks fMP4 of pays nothing).
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use sluice_media::fmp4::{Fragment, Writer};
 use sluice_media::segmenter::Segment;
+use tokio::sync::watch;
 
 use super::super::registry;
 
@@ -41,19 +43,52 @@ pub(super) fn container(query: &str, default: Container) -> Result<(String, Cont
     Ok((kept.join("&"), chosen))
 }
 
+/// Segments rewritten per turn of the lock: the rewrite runs with the state unlocked, and a
+/// turn's fragments are added under it (a catch-up window of 256 MiB is thousands of turns, and
+/// the readers of the state wait for one turn's bookkeeping at most).
+const CHUNK_SEGMENTS: usize = 4;
+
 /// One channel's fMP4 segments.
+///
+/// The rewrite (a remux of every segment) runs on the blocking pool, one job per channel at a
+/// time, outside `state`'s lock: a first fMP4 request on a catch-up channel holding 256 MiB
+/// remuxes all of it, and under the lock every reader (the `catchup_total_bytes` accounting
+/// under the HLS channel table's lock, the playlists, the fragments) waited for all of it on a
+/// runtime worker, stalling every `/hls/` request.
 #[derive(Debug, Default)]
 pub(super) struct Converted {
     state: Mutex<State>,
+    /// Bytes of the fragments held (as `State::bytes`), read without the lock.
+    bytes: AtomicU64,
+    /// Bumped after each turn of the rewrite, for requests that wait for a segment's fragment.
+    progress: watch::Sender<u64>,
+    #[cfg(test)]
+    probe: Probe,
+}
+
+/// What the tests see of the rewrite: segments rewritten, and how many of them with the state
+/// locked meanwhile.
+#[cfg(test)]
+#[derive(Debug, Default)]
+struct Probe {
+    rewritten: AtomicU64,
+    locked: AtomicU64,
 }
 
 #[derive(Debug, Default)]
 struct State {
     /// Some viewer asked for fMP4: every new segment is rewritten as it comes.
     wanted: bool,
-    writer: Writer,
+    /// The writer, while no rewrite job has it (`None`: one is under way).
+    writer: Option<Writer>,
+    /// Segments waiting for the rewrite, ascending.
+    pending: VecDeque<(u64, Segment)>,
+    /// Media sequence number of the last segment queued for the rewrite.
+    queued: Option<u64>,
     /// Media sequence number of the last segment given to the writer.
     last: Option<u64>,
+    /// The first segment the channel's window still holds.
+    oldest: u64,
     /// By media sequence number (ascending); `None` for a segment that could not be written.
     fragments: VecDeque<(u64, Option<Fragment>)>,
     /// Bytes of the fragments held (their init segments are shared, and small).
@@ -63,34 +98,40 @@ struct State {
 }
 
 impl State {
-    /// Rewrites the segments after the last one done, oldest first, and forgets fragments
-    /// older than `oldest` (gone from the window).
+    /// Queues the segments after the last one queued, and forgets what is older than `oldest`
+    /// (gone from the window).
     fn add(&mut self, segments: &[(u64, Segment)], oldest: u64) {
         for (seq, seg) in segments {
-            if self.last.is_some_and(|l| *seq <= l) {
+            if self.queued.is_some_and(|l| *seq <= l) {
                 continue;
             }
-            if seg.discontinuity || self.last.is_none_or(|l| *seq != l + 1) {
-                self.writer.reset();
-            }
-            self.last = Some(*seq);
-            let end = seg.start + seg.duration;
-            let fragment = match self.writer.segment(&seg.data, (*seq + 1) as u32, Some(end)) {
-                Ok(f) => Some(f),
-                Err(e) => {
-                    tracing::debug!(sequence = seq, error = %e, "segment not written as fMP4");
-                    self.error = Some(e.to_string());
-                    None
-                }
-            };
-            self.bytes += fragment.as_ref().map_or(0, |f| f.media.len() as u64);
-            self.fragments.push_back((*seq, fragment));
+            self.queued = Some(*seq);
+            self.pending.push_back((*seq, seg.clone()));
         }
-        while self.fragments.front().is_some_and(|(s, _)| *s < oldest) {
+        self.forget_before(oldest);
+    }
+
+    fn forget_before(&mut self, oldest: u64) {
+        self.oldest = self.oldest.max(oldest);
+        while self.pending.front().is_some_and(|(s, _)| *s < self.oldest) {
+            self.pending.pop_front();
+        }
+        while self
+            .fragments
+            .front()
+            .is_some_and(|(s, _)| *s < self.oldest)
+        {
             if let Some((_, Some(gone))) = self.fragments.pop_front() {
                 self.bytes -= gone.media.len() as u64;
             }
         }
+    }
+
+    /// Whether segment `sequence` is rewritten, or never will be (not queued, or gone).
+    fn settled(&self, sequence: u64) -> bool {
+        !self.wanted
+            || self.last.is_some_and(|l| l >= sequence)
+            || self.pending.front().is_none_or(|(s, _)| *s > sequence)
     }
 
     /// Fragment of segment `sequence`, when held (`Some(None)`: it has no fMP4 form).
@@ -104,24 +145,137 @@ impl State {
 }
 
 impl Converted {
-    /// New segments of the channel (`oldest`: the first one its window still holds).
-    pub(super) fn add(&self, segments: &[(u64, Segment)], oldest: u64) {
+    /// New segments of the channel (`oldest`: the first one its window still holds), queued
+    /// for the rewrite when a viewer wants fMP4.
+    pub(super) fn add(self: &Arc<Self>, segments: &[(u64, Segment)], oldest: u64) {
         let mut state = registry::lock(&self.state);
         if state.wanted {
             state.add(segments, oldest);
+            self.bytes.store(state.bytes, Ordering::Release);
+            drop(state);
+            self.start();
         }
     }
 
     /// A viewer asks for fMP4: from now on every segment is rewritten, starting with those the
     /// window holds (`window` takes them; it is called under this lock, so a segment stored
-    /// meanwhile is either in it or rewritten by the next [`Converted::add`]).
-    pub(super) fn want(&self, window: impl FnOnce() -> (Vec<(u64, Segment)>, u64)) {
+    /// meanwhile is either in it or queued by the next [`Converted::add`]). The rewrite runs
+    /// on the blocking pool: [`Converted::settle`] waits for it.
+    pub(super) fn want(self: &Arc<Self>, window: impl FnOnce() -> (Vec<(u64, Segment)>, u64)) {
         let mut state = registry::lock(&self.state);
         if !state.wanted {
             state.wanted = true;
+            state.writer = Some(Writer::default());
             let (segments, oldest) = window();
             state.add(&segments, oldest);
+            drop(state);
+            self.start();
         }
+    }
+
+    /// Starts the rewrite job unless one is under way or nothing waits for it: on the blocking
+    /// pool (in the media segment lane when there is one), or here without a runtime.
+    fn start(self: &Arc<Self>) {
+        let writer = {
+            let mut state = registry::lock(&self.state);
+            if state.pending.is_empty() {
+                return;
+            }
+            match state.writer.take() {
+                Some(w) => w,
+                None => return,
+            }
+        };
+        let this = self.clone();
+        let job = move || this.rewrite(writer);
+        match tokio::runtime::Handle::try_current() {
+            #[cfg(feature = "media")]
+            Ok(handle) => {
+                handle.spawn(crate::media::cpu::run(
+                    crate::media::cpu::Lane::Segment,
+                    job,
+                ));
+            }
+            #[cfg(not(feature = "media"))]
+            Ok(handle) => {
+                handle.spawn_blocking(job);
+            }
+            Err(_) => job(),
+        }
+    }
+
+    /// Rewrites what is queued, a few segments per turn of the lock, until nothing is; then
+    /// gives the writer back.
+    fn rewrite(&self, mut writer: Writer) {
+        loop {
+            let (chunk, mut last) = {
+                let mut state = registry::lock(&self.state);
+                if state.pending.is_empty() {
+                    state.writer = Some(writer);
+                    return;
+                }
+                let n = state.pending.len().min(CHUNK_SEGMENTS);
+                let chunk: Vec<_> = state.pending.drain(..n).collect();
+                (chunk, state.last)
+            };
+            let mut done = Vec::with_capacity(chunk.len());
+            let mut error = None;
+            for (seq, seg) in &chunk {
+                if seg.discontinuity || last.is_none_or(|l| *seq != l + 1) {
+                    writer.reset();
+                }
+                last = Some(*seq);
+                #[cfg(test)]
+                {
+                    self.probe.rewritten.fetch_add(1, Ordering::AcqRel);
+                    if self.state.try_lock().is_err() {
+                        self.probe.locked.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
+                let end = seg.start + seg.duration;
+                let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    writer.segment(&seg.data, (*seq + 1) as u32, Some(end))
+                }));
+                let fragment = match written {
+                    Ok(Ok(f)) => Some(f),
+                    Ok(Err(e)) => {
+                        tracing::debug!(sequence = seq, error = %e, "segment not written as fMP4");
+                        error = Some(e.to_string());
+                        None
+                    }
+                    Err(_) => {
+                        tracing::warn!(sequence = seq, "fMP4 writer panicked on a segment");
+                        writer = Writer::default();
+                        error = Some("the fMP4 writer failed".to_string());
+                        None
+                    }
+                };
+                done.push((*seq, fragment));
+            }
+            let mut state = registry::lock(&self.state);
+            state.last = last;
+            if error.is_some() {
+                state.error = error;
+            }
+            for (seq, fragment) in done {
+                state.bytes += fragment.as_ref().map_or(0, |f| f.media.len() as u64);
+                state.fragments.push_back((seq, fragment));
+            }
+            let oldest = state.oldest;
+            state.forget_before(oldest);
+            self.bytes.store(state.bytes, Ordering::Release);
+            drop(state);
+            self.progress.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Waits (at most `wait`) until segment `sequence` is rewritten, or never will be; returns
+    /// whether it was.
+    pub(super) async fn settle(&self, sequence: u64, wait: std::time::Duration) -> bool {
+        let mut rx = self.progress.subscribe();
+        let settled = rx.wait_for(|_| registry::lock(&self.state).settled(sequence));
+        let settled = tokio::time::timeout(wait, settled).await.is_ok();
+        settled
     }
 
     /// Whether a viewer has asked for fMP4 (every segment is rewritten).
@@ -129,9 +283,10 @@ impl Converted {
         registry::lock(&self.state).wanted
     }
 
-    /// Bytes of the fMP4 fragments held.
+    /// Bytes of the fMP4 fragments held: without the lock (the `catchup_total_bytes`
+    /// accounting reads it under the HLS channel table's lock).
     pub(super) fn bytes(&self) -> u64 {
-        registry::lock(&self.state).bytes
+        self.bytes.load(Ordering::Acquire)
     }
 
     /// Segment `sequence` as fMP4: `None` when it is not held, `Some(None)` when it has no
@@ -158,6 +313,7 @@ impl Converted {
                 init_id: 0,
             };
             state.last = Some(seq);
+            state.queued = Some(seq);
             state.fragments.push_back((seq, Some(fragment)));
         }
     }
@@ -205,6 +361,51 @@ impl Converted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn segment(n: u64) -> (u64, Segment) {
+        let seg = Segment {
+            number: n,
+            start: n * 4 * sluice_media::segmenter::CLOCK,
+            duration: 4 * sluice_media::segmenter::CLOCK,
+            data: Bytes::from(vec![0x47; 188 * 4]),
+            keyframe: true,
+            discontinuity: false,
+        };
+        (n, seg)
+    }
+
+    /// The rewrite runs with the state unlocked: what the `catchup_total_bytes` accounting
+    /// (under the channel table's lock) and every request read never waits for a remux of the
+    /// whole window; and a request for a segment waits until it is rewritten.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_rewrite_runs_outside_the_state_lock() {
+        let converted = Arc::new(Converted::default());
+        let window: Vec<_> = (0..40).map(segment).collect();
+        converted.want(|| (window, 0));
+        assert!(
+            converted
+                .settle(39, std::time::Duration::from_secs(30))
+                .await
+        );
+        converted.add(&(40..45).map(segment).collect::<Vec<_>>(), 3);
+        assert!(
+            converted
+                .settle(44, std::time::Duration::from_secs(30))
+                .await
+        );
+        assert_eq!(converted.probe.rewritten.load(Ordering::Acquire), 45);
+        assert_eq!(
+            converted.probe.locked.load(Ordering::Acquire),
+            0,
+            "segments rewritten while the state was locked"
+        );
+        assert_eq!(converted.done(), Some(44));
+        // Null packets have no fMP4 form; what left the window is forgotten.
+        assert!(matches!(converted.fragment(44), Some(None)));
+        assert!(converted.fragment(2).is_none());
+        assert!(converted.error().is_some());
+        assert_eq!(converted.bytes(), 0);
+    }
 
     #[test]
     fn container_leaves_the_channel_query() {
