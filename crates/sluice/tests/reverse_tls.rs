@@ -831,3 +831,130 @@ async fn read_response<R: tokio::io::AsyncRead + Unpin>(
     }
     (head, buf.drain(..length).collect())
 }
+
+/// What a slow origin saw of one request: its connection closed before it answered, or it
+/// answered.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Cancelled,
+    Answered,
+}
+
+/// A plain origin that answers `GET /wait/<ms>` with `ok` after that many milliseconds, unless
+/// its connection is closed first; it reports each request's fate.
+async fn slow_origin() -> (
+    std::net::SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<Seen>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = find(&buf, b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end);
+                    let ms: u64 = head
+                        .split(' ')
+                        .nth(1)
+                        .and_then(|t| t.strip_prefix("/wait/"))
+                        .and_then(|ms| ms.parse().ok())
+                        .unwrap_or(0);
+                    let mut probe = [0u8; 1];
+                    tokio::select! {
+                        // The proxy sends nothing more before the answer: this is its close.
+                        _ = s.read(&mut probe) => {
+                            let _ = tx.send(Seen::Cancelled);
+                            return;
+                        }
+                        _ = tokio::time::sleep(std::time::Duration::from_millis(ms)) => {}
+                    }
+                    let _ = tx.send(Seen::Answered);
+                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// Over TLS, a client that leaves while the origin works on its fast-path request (its
+/// `close_notify` and its FIN wait unread) cancels the request, as a plain client's FIN does:
+/// the origin sees its connection closed (it answers after 15 s without the cancel; the route's
+/// header timeout is 60 s). A client that pipelines a second request in a record of its own
+/// after the first was taken, then shuts its side, is no leaver: both are answered (its record
+/// in the kernel with the FIN behind it was taken for a `close_notify`, and the first request
+/// cancelled).
+#[tokio::test]
+async fn a_tls_client_that_leaves_cancels_its_fast_path_request_and_one_that_pipelines_does_not() {
+    use tokio::io::AsyncWriteExt;
+    let cert = Cert::new(&["site.test"]);
+    let (origin, mut seen) = slow_origin().await;
+    let text = format!(
+        "[server]\nh1_fast_path = true\nheader_read_timeout_secs = 1\n\
+         tls_cert = \"{}\"\ntls_key = \"{}\"\n[[upstreams]]\nname = \"app\"\n\
+         servers = [\"{origin}\"]\n[[routes]]\npath = \"/api\"\nupstream = \"app\"\n\
+         strip_prefix = true\nheader_timeout_secs = 60\n",
+        cert.cert.path().display(),
+        cert.key.path().display()
+    );
+    let p = Proxy::start(config(&text)).await;
+    let wait = std::time::Duration::from_secs(20);
+
+    // `close_notify`, then the FIN (what `shutdown` of a TLS stream sends).
+    let mut tls = connect_tls(p.addr, &cert).await;
+    tls.write_all(b"GET /api/wait/15000 HTTP/1.1\r\nHost: site.test\r\n\r\n")
+        .await
+        .unwrap();
+    // The request reached the origin (it is the only way to an answer).
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    tls.shutdown().await.unwrap();
+    let fate = tokio::time::timeout(wait, seen.recv()).await;
+    assert_eq!(
+        fate.ok().flatten(),
+        Some(Seen::Cancelled),
+        "the origin request outlived its TLS client"
+    );
+    drop(tls);
+
+    // A second request in a record of its own, sent while the first is served, then the FIN
+    // (no `close_notify`): both answered.
+    let mut tls = connect_tls(p.addr, &cert).await;
+    tls.write_all(b"GET /api/wait/2500 HTTP/1.1\r\nHost: site.test\r\n\r\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    tls.write_all(b"GET /api/wait/0 HTTP/1.1\r\nHost: site.test\r\n\r\n")
+        .await
+        .unwrap();
+    tls.flush().await.unwrap();
+    tls.get_mut().0.shutdown().await.unwrap();
+    let mut buf = Vec::new();
+    for i in 0..2 {
+        let (head, body) = read_response(&mut tls, &mut buf).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "answer {i}: {head}");
+        assert_eq!(body, b"ok", "answer {i}");
+    }
+    for i in 0..2 {
+        assert_eq!(seen.recv().await, Some(Seen::Answered), "request {i}");
+    }
+}

@@ -122,11 +122,19 @@ fn framing(
     headers: &mut http::HeaderMap,
     body: &Body,
 ) -> Framing {
+    if head_only && headers.contains_key(header::TRANSFER_ENCODING) {
+        // The fields describe the GET answer: its coding is kept, and never a length beside it
+        // (RFC 9112 §6.2), as `fast::map_head` writes a relayed one.
+        headers.remove(header::CONTENT_LENGTH);
+        return Framing::None;
+    }
     if status.is_informational()
         || status == StatusCode::NO_CONTENT
         || status == StatusCode::NOT_MODIFIED
     {
-        // No body, and (as hyper writes them) no length either (RFC 9110 §8.6 for 1xx, 204).
+        // No body, and (as hyper writes them) no length either (RFC 9110 §8.6 for 1xx, 204; a
+        // 304's would be the length of a body it does not have) but on the answer to HEAD;
+        // `fast::map_head` writes a relayed one so too.
         if !head_only {
             headers.remove(header::CONTENT_LENGTH);
             headers.remove(header::TRANSFER_ENCODING);
@@ -140,7 +148,7 @@ fn framing(
     if head_only {
         // The fields describe the GET answer. One sluice made itself (an error) says its own
         // body's length, as hyper writes it.
-        if declared.is_none() && !headers.contains_key(header::TRANSFER_ENCODING) {
+        if declared.is_none() {
             if let Some(n) = body.size_hint().exact().filter(|n| *n > 0) {
                 headers.insert(header::CONTENT_LENGTH, n.into());
             }
@@ -470,6 +478,16 @@ mod tests {
             Framing::None
         );
         assert_eq!(h.get("content-length").unwrap(), "10");
+        // Never a length beside a coding (RFC 9112 §6.2): the coding is kept.
+        for status in [StatusCode::OK, StatusCode::NOT_MODIFIED] {
+            let mut h = headers(&[("content-length", "10"), ("transfer-encoding", "chunked")]);
+            assert_eq!(
+                framing(status, true, &mut h, &crate::body::empty()),
+                Framing::None
+            );
+            assert!(h.get("content-length").is_none(), "{status}");
+            assert_eq!(h.get("transfer-encoding").unwrap(), "chunked", "{status}");
+        }
         let mut h = headers(&[("etag", "\"a\""), ("content-length", "12")]);
         assert_eq!(
             framing(
