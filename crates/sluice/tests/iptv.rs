@@ -757,3 +757,24 @@ async fn starts_that_fail_after_joining_still_spend_a_start() {
         3 * START_BURST.max(share)
     );
 }
+
+/// The other side of the test above: a start that fails before it joined anything gives its
+/// start back even when the URL names an FEC port (or an FCC server): the media port is held
+/// here, so the media bind fails first. Deciding by the URL alone spent these starts and made
+/// a viewer whose playlist names `fec=` on every channel (rtp2httpd style) a 429 for failures
+/// that sent nothing.
+#[tokio::test]
+async fn starts_that_fail_before_joining_give_back_their_start_whatever_they_name() {
+    use sluice::iptv::registry::START_BURST;
+    let mut cfg = config();
+    cfg.no_data_timeout_ms = 50;
+    let share = cfg.max_subscribers_per_client;
+    let gw = Gateway::start(cfg).await;
+    let blocker = std::net::UdpSocket::bind("239.71.41.4:46414").unwrap();
+    let peer = "192.0.2.22:40000";
+    for i in 0..3 * START_BURST.max(share) {
+        let resp = ask_as(&gw, peer, "/rtp/239.71.41.4:46414?iface=lo&fec=46416").await;
+        assert_eq!(resp.status(), 502, "attempt {i}: {}", text_of(resp).await);
+    }
+    drop(blocker);
+}

@@ -249,13 +249,16 @@ impl Hub {
     /// Opens the socket and starts the receive loop. Must run inside a tokio runtime.
     ///
     /// With `fcc`, the multicast is joined only when the FCC session says so (or gives up);
-    /// a group that is not IPv4 ignores it.
+    /// a group that is not IPv4 ignores it. `sent` is set once the start has put something on
+    /// the network (the FCC request, or the media join), so a start that fails after that (an
+    /// FEC port that cannot bind) is told apart from one that joined nothing.
     pub fn start(
         key: HubKey,
         fcc: Option<FccTarget>,
         metrics: HubMetrics,
         settings: &HubSettings,
         registry: Arc<Registry>,
+        sent: &mut bool,
     ) -> std::io::Result<Arc<Hub>> {
         if key.rtsp.is_some() {
             return super::rtsp::pump::start(key, metrics, settings, registry);
@@ -272,7 +275,10 @@ impl Hub {
                     settings.ring_bytes,
                     settings.fcc_ports.as_deref(),
                 ) {
-                    Ok(started) => Some((target, started)),
+                    Ok(started) => {
+                        *sent = true;
+                        Some((target, started))
+                    }
                     // FCC only makes a start faster: without it the channel still plays.
                     Err(e) => {
                         tracing::warn!(%group, server = %target.server, error = %e, "FCC: plain multicast");
@@ -287,6 +293,7 @@ impl Hub {
             Some(_) => None,
             None => Some(Source::Waiting(open_multicast(&key.group, settings)?)),
         };
+        *sent = true;
         let fec_sock = key
             .fec_port()
             .map(|port| super::fec::open(&key.group, port, settings.recv_buffer))

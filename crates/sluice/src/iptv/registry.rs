@@ -191,10 +191,10 @@ impl Registry {
                     channel: label_value(&key.channel()),
                     interface: label_value(&key.group.interface),
                 };
-                // A start that may fail after it sent something: an FCC request goes out, and
-                // an FEC socket is opened after the media join, so their failures (a 502) come
-                // after traffic and still spend a start.
-                let sends_first = key.fec_port().is_some() || fcc.is_some();
+                // Whether the start put something on the network before it failed (the FCC
+                // request, the media join: an FEC socket is opened after both): such a failure
+                // (a 502) came after traffic and still spends a start.
+                let mut sent = false;
                 // FCC only matters to a hub that is starting: an existing one already has
                 // the stream (and its history) for the new subscriber.
                 let started = Hub::start(
@@ -203,11 +203,12 @@ impl Registry {
                     self.metrics.hub(labels.clone()),
                     &self.settings,
                     self.clone(),
+                    &mut sent,
                 );
                 let hub = match started {
                     Ok(hub) => hub,
                     Err(e) => {
-                        if let (Some(client), true, true) = (client, joins, sends_first) {
+                        if let (Some(client), true, true) = (client, joins, sent) {
                             self.spend_start(client, Instant::now());
                         }
                         // No hub owns the series just made, and `unlink` never runs for it:
@@ -219,7 +220,7 @@ impl Registry {
                 };
                 // Spent once the join is made: a failed one (no such interface, a join
                 // error) joined nothing, and must not bring the client nearer a 429 (but for
-                // `sends_first`, above). Checked
+                // `sent`, above). Checked
                 // and spent under this one table lock, so no other start comes between.
                 if let (Some(client), true) = (client, joins) {
                     self.spend_start(client, Instant::now());
