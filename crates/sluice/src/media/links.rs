@@ -175,7 +175,15 @@ impl CredentialHosts {
         if name.starts_with('[') || name.parse::<IpAddr>().is_ok() {
             return false;
         }
-        self.0.iter().any(|p| p.matches(host))
+        self.0.iter().any(|p| match p {
+            // A wildcard names the hosts of one owner's domain: not a host under a public
+            // suffix inside it (`*.amazonaws.com` must not reach `bucket.s3.amazonaws.com`,
+            // which anyone can own), which the list's check at load cannot see.
+            sluice_http::route::HostPattern::Wildcard(dot_domain) => {
+                p.matches(host) && public_suffix_len(&name.to_ascii_lowercase()) < dot_domain.len()
+            }
+            _ => p.matches(host),
+        })
     }
 
     /// Whether `self` and `other` are one parsed list (not two parses of the same text).
@@ -192,6 +200,15 @@ fn all_digits(label: &str) -> bool {
 /// Whether `name` (lowercase, no trailing dot) is itself a public suffix: a rule of the Public
 /// Suffix List (ICANN or private section, `*` rules and exceptions applied), or a top-level
 /// domain the list does not know (its default rule).
+/// The length of `name`'s public suffix (the Public Suffix List's, as [`is_public_suffix`]
+/// reads it); 0 when it has none.
+fn public_suffix_len(name: &str) -> usize {
+    use psl::Psl;
+    psl::List
+        .suffix(name.as_bytes())
+        .map_or(0, |s| s.as_bytes().len())
+}
+
 fn is_public_suffix(name: &str) -> bool {
     use psl::Psl;
     psl::List
@@ -545,6 +562,18 @@ mod tests {
         ] {
             assert_eq!(scope.reach(&u(url)), Reach::Nothing, "{url}");
         }
+        // A wildcard over a domain with public suffixes inside it (`s3.amazonaws.com` is one)
+        // reaches the domain's own hosts, never a host under such a suffix: anyone's bucket.
+        let hosts = CredentialHosts::parse(&["*.amazonaws.com".to_string()]).unwrap();
+        let scope = CredentialScope::new(&u("https://www.example.com/m.m3u8"), hosts);
+        assert_eq!(
+            scope.reach(&u("https://attacker-bucket.s3.amazonaws.com/a.ts")),
+            Reach::Nothing
+        );
+        assert_eq!(
+            scope.reach(&u("https://mediapackage.amazonaws.com/a.ts")),
+            Reach::Credentials
+        );
     }
 
     #[test]
