@@ -591,7 +591,7 @@ impl Inner {
         if !self
             .revalidating
             .lock()
-            .expect("revalidating")
+            .unwrap_or_else(|e| e.into_inner())
             .insert(meta.id)
         {
             return;
@@ -611,7 +611,7 @@ impl Inner {
             inner
                 .revalidating
                 .lock()
-                .expect("revalidating")
+                .unwrap_or_else(|e| e.into_inner())
                 .remove(&meta.id);
         });
     }
@@ -1084,6 +1084,14 @@ impl Rechecked {
         match outcome {
             Revalidated::Fresh(meta) => Rechecked::Fresh(meta.clone()),
             Revalidated::Changed => Rechecked::Changed,
+            // An origin that is down or overloaded (502, 503, 504) is down for every waiter;
+            // another 5xx (a 500 the leader's own fields may have provoked, a 501, a 505) was
+            // the leader's alone, as a cold fill's 5xx is its writer's: the next one asks.
+            Revalidated::Failed(Failure::Answered { status, .. }, _)
+                if !matches!(status.as_u16(), 502..=504) =>
+            {
+                Rechecked::Own
+            }
             Revalidated::Failed(failure, _) => Rechecked::Failed(failure.clone()),
             Revalidated::Refused(_) | Revalidated::Pass => Rechecked::Own,
         }
@@ -1393,5 +1401,27 @@ mod tests {
         );
         assert_eq!(origin.asked.load(Ordering::SeqCst), asked + 1);
         assert_eq!(origin.conditional.load(Ordering::SeqCst), 1);
+    }
+
+    /// An origin that is down or overloaded (502-504) is down for every waiter; another 5xx
+    /// answered to the leader's revalidation (a 500 its own fields may have provoked) is its
+    /// alone, and the next waiter asks, as a cold fill's 5xx is its writer's.
+    #[test]
+    fn only_an_origin_down_is_every_waiters_failure() {
+        let answered = |code: u16| {
+            Rechecked::of(&Revalidated::Failed(
+                Failure::Answered {
+                    status: StatusCode::from_u16(code).unwrap(),
+                    retry_after: None,
+                },
+                None,
+            ))
+        };
+        for code in [502, 503, 504] {
+            assert!(matches!(answered(code), Rechecked::Failed(_)), "{code}");
+        }
+        for code in [500, 501, 505, 507] {
+            assert!(matches!(answered(code), Rechecked::Own), "{code}");
+        }
     }
 }
