@@ -335,6 +335,22 @@ fn a_step_past_the_target_is_a_break_not_a_long_segment() {
     assert_eq!(segs[1].start, 50 * FRAME + 9 * CLOCK);
 }
 
+/// A long GOP (10 s at target 4) with two pictures dropped just before the limit: the step
+/// (0.12 s) carries the segment over the limit, and the segment is cut there as any picture
+/// past it is, with no discontinuity and no picture lost (a break there reset the player's
+/// decoder and dropped everything to the next keyframe).
+#[test]
+fn a_dropped_frame_past_the_limit_is_no_discontinuity() {
+    let mut g = Gen::new();
+    let mut input = stream(&mut g, 0, 111, 250, false);
+    input.extend(stream(&mut g, 113 * FRAME, 100, 0, false));
+    let segs = run(&input, 4, 1316);
+    let flags: Vec<bool> = segs.iter().map(|s| s.discontinuity).collect();
+    assert!(flags.iter().all(|d| !d), "{flags:?}");
+    let total: u64 = segs.iter().map(|s| s.duration).sum();
+    assert!(total >= 212 * FRAME, "{total}: pictures lost");
+}
+
 #[test]
 fn a_gap_ends_the_segment_and_the_next_waits_for_a_keyframe() {
     let mut g = Gen::new();

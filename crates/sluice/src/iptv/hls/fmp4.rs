@@ -127,11 +127,15 @@ impl State {
         }
     }
 
-    /// Whether segment `sequence` is rewritten, or never will be (not queued, or gone).
+    /// Whether segment `sequence` is rewritten, or never will be (not queued, or gone). A
+    /// segment the rewrite has taken from `pending` and is writing now is neither: judged by
+    /// `pending` alone it looked settled, and a playlist of an ended channel came out with
+    /// `ENDLIST` and without its last chunk.
     fn settled(&self, sequence: u64) -> bool {
         !self.wanted
             || self.last.is_some_and(|l| l >= sequence)
-            || self.pending.front().is_none_or(|(s, _)| *s > sequence)
+            || sequence < self.oldest
+            || self.queued.is_none_or(|q| q < sequence)
     }
 
     /// Fragment of segment `sequence`, when held (`Some(None)`: it has no fMP4 form).
@@ -405,6 +409,28 @@ mod tests {
         assert!(converted.fragment(2).is_none());
         assert!(converted.error().is_some());
         assert_eq!(converted.bytes(), 0);
+    }
+
+    /// Segments the rewrite has taken from the queue and is writing now are not settled: by
+    /// the queue alone they looked written (or gone), and a waiting playlist went on without
+    /// them.
+    #[test]
+    fn segments_being_written_are_not_settled() {
+        let state = State {
+            wanted: true,
+            queued: Some(12),
+            last: Some(8),
+            oldest: 2,
+            ..State::default()
+        };
+        // 9..=12 taken by the rewrite: `pending` is empty while it writes them.
+        assert!(state.pending.is_empty());
+        for seq in 9..=12 {
+            assert!(!state.settled(seq), "{seq} is being written");
+        }
+        assert!(state.settled(8), "written");
+        assert!(state.settled(1), "gone from the window");
+        assert!(state.settled(13), "never queued");
     }
 
     #[test]
