@@ -554,6 +554,12 @@ impl DiskTier {
         true
     }
 
+    /// Whether the writer's current job (a write or a removal) has run past the write timeout
+    /// and not returned yet: new slices are dropped meanwhile.
+    pub fn stalled(&self) -> bool {
+        self.stall.is_set()
+    }
+
     /// Jobs queued or being written.
     pub fn pending(&self) -> usize {
         self.pending.load(Ordering::Acquire)
@@ -1183,7 +1189,7 @@ async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
                         tracing::warn!(
                             path = %w.root.display(),
                             timeout_ms = w.write_timeout.as_millis() as u64,
-                            "cache disk tier: a write has not returned within disk_write_timeout_ms; new slices are not written until it does"
+                            "cache disk tier: a disk job (a write or a removal) has not returned within disk_write_timeout_ms; new slices are not written until it does"
                         );
                     }
                     let mut kept = VecDeque::with_capacity(backlog.len());
@@ -1200,7 +1206,7 @@ async fn write_loop(w: Writer, mut rx: mpsc::UnboundedReceiver<Job>) {
         }
         if stalled {
             w.stall.clear();
-            tracing::info!(path = %w.root.display(), "cache disk tier: the stalled write returned");
+            tracing::info!(path = %w.root.display(), "cache disk tier: the stalled disk job returned");
         }
         // Written and indexed, or failed: either way no longer read from the queue.
         w.done(slice);
@@ -2394,6 +2400,62 @@ mod tests {
         assert!(tier.flush(Duration::from_secs(10)).await);
         assert!(tier.written(&key(0)) && tier.written(&key(3)));
         assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 2);
+    }
+
+    /// The stall is exported as `sluice_cache_disk_stalled` by the gauges task: 1 while the
+    /// writer's current job (here a removal, as a purge of many slices on a slow mount) has run
+    /// past the write timeout, 0 again once it returns. It was only logged.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_disk_job_shows_in_the_stalled_gauge() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut registry = prometheus_client::registry::Registry::with_prefix("sluice");
+        let config = crate::cache::config::CacheConfig {
+            disk_path: Some(dir.path().join("tier")),
+            disk_write_timeout_ms: 10_000,
+            ..Default::default()
+        };
+        let cache = crate::cache::Cache::new(&config, None, &mut registry).unwrap();
+        let tier = cache.inner.disk.as_ref().unwrap();
+        let stalled = |registry: &prometheus_client::registry::Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+            out.lines()
+                .find_map(|l| l.strip_prefix("sluice_cache_disk_stalled "))
+                .map(str::to_owned)
+        };
+        // A tick of the gauges task (once a second).
+        async fn tick() {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            for _ in 0..100 {
+                tokio::task::yield_now().await;
+            }
+        }
+        tick().await;
+        assert_eq!(stalled(&registry).as_deref(), Some("0"));
+        let (hook, entered, release) = hang();
+        *tier.hooks.write.lock().unwrap() = Some(hook);
+        tier.remove_object(ObjectId(7), 1);
+        until_entered(&entered).await;
+        // Short of the timeout the tier is not stalled yet.
+        tokio::time::advance(Duration::from_secs(8)).await;
+        tick().await;
+        assert!(!tier.stalled());
+        assert_eq!(stalled(&registry).as_deref(), Some("0"));
+        // Past it, the removal has not returned: stalled, and the gauge says so.
+        tick().await;
+        tick().await;
+        assert!(tier.stalled());
+        assert_eq!(
+            stalled(&registry).as_deref(),
+            Some("1"),
+            "stall not exported"
+        );
+        // The removal returns: the stall ends, and the gauge goes back to 0.
+        drop(release);
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        assert!(!tier.stalled());
+        tick().await;
+        assert_eq!(stalled(&registry).as_deref(), Some("0"));
     }
 
     /// Finding (review of 5067c1ce): the writer's timer was set from the slices it had taken off

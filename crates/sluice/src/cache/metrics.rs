@@ -52,6 +52,9 @@ pub struct CacheMetrics {
     pub accounted: Gauge,
     pub accounted_peak: Gauge,
     pub disk_queue: Gauge,
+    /// 1 while the disk writer's current job (a write or a removal) has run past
+    /// `disk_write_timeout_ms` and not returned (new slices are dropped meanwhile), else 0.
+    pub disk_stalled: Gauge,
     pub stored: Counter,
     pub uncacheable: Counter,
     pub version_mismatch: Counter,
@@ -84,6 +87,7 @@ impl CacheMetrics {
             accounted: Gauge::default(),
             accounted_peak: Gauge::default(),
             disk_queue: Gauge::default(),
+            disk_stalled: Gauge::default(),
             stored: Counter::default(),
             uncacheable: Counter::default(),
             version_mismatch: Counter::default(),
@@ -202,6 +206,11 @@ impl CacheMetrics {
             m.disk_queue.clone(),
         );
         r.register(
+            "disk_stalled",
+            "1 while a disk job (a write or a removal) has not returned within disk_write_timeout_ms (new slices are dropped meanwhile), else 0",
+            m.disk_stalled.clone(),
+        );
+        r.register(
             "origin_fetch_seconds",
             "Time from an origin request to its response head",
             m.origin_latency.clone(),
@@ -245,6 +254,7 @@ pub(super) fn spawn_gauges(inner: Weak<Inner>) {
                         .get_or_create(&tier("disk"))
                         .set(disk.bytes() as i64);
                     m.disk_queue.set(disk.pending() as i64);
+                    m.disk_stalled.set(i64::from(disk.stalled()));
                     let s = &disk.stats;
                     let ev = s.evictions.load(Ordering::Relaxed);
                     m.evictions

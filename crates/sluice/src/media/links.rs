@@ -118,6 +118,32 @@ pub enum Reach {
 #[derive(Debug, Clone, Default)]
 pub struct CredentialHosts(Arc<[sluice_http::route::HostPattern]>);
 
+/// What to write instead of a host pattern that is refused for being spelled as a person would
+/// (non-ASCII labels, a trailing dot): the punycode form, with no trailing dot. Empty for any
+/// other entry.
+fn written_as_ascii(entry: &str) -> String {
+    let t = entry.trim();
+    if t.is_ascii() && !t.ends_with('.') {
+        return String::new();
+    }
+    let (wild, name) = match t.strip_prefix("*.") {
+        Some(rest) => ("*.", rest),
+        None => ("", t),
+    };
+    let ascii = match url::Host::parse(name.trim_end_matches('.')) {
+        Ok(url::Host::Domain(d)) => Some(format!("{wild}{d}")),
+        _ => None,
+    }
+    .filter(|fixed| sluice_http::route::HostPattern::parse(fixed).is_ok());
+    match ascii {
+        Some(fixed) if t.is_ascii() => format!("; write it with no trailing dot (`{fixed}`)"),
+        Some(fixed) => format!("; write the punycode form (`{fixed}`), no trailing dot"),
+        None => "; write a name in its punycode form (`*.xn--bcher-kva.example` for \
+                 `*.bücher.example`), no trailing dot"
+            .to_string(),
+    }
+}
+
 impl CredentialHosts {
     /// Parses the configured list: exact names and `*.domain`, no ports, schemes or `*` alone, no
     /// IP addresses (a name whose last label is all digits), and no wildcard over a public suffix
@@ -127,8 +153,9 @@ impl CredentialHosts {
         use sluice_http::route::HostPattern;
         let mut out = Vec::with_capacity(list.len());
         for entry in list {
-            let pattern = HostPattern::parse(entry)
-                .map_err(|e| anyhow::anyhow!("media.credential_hosts: {e}"))?;
+            let pattern = HostPattern::parse(entry).map_err(|e| {
+                anyhow::anyhow!("media.credential_hosts: {e}{}", written_as_ascii(entry))
+            })?;
             let name = match &pattern {
                 HostPattern::Any => anyhow::bail!(
                     "media.credential_hosts: {entry:?} would send credentials to every host; \
@@ -499,6 +526,40 @@ mod tests {
         let scope = CredentialScope::of_link(&q, &u("http://o/s"), Default::default()).unwrap();
         assert_eq!(scope.reach(&u("http://a:81/i.mp4")), Reach::All);
         assert_eq!(scope.reach(&u("http://o/s")), Reach::Nothing);
+    }
+
+    /// An entry written as a person would (an internationalised name, a trailing dot) was
+    /// refused with only "not a host name or `*.domain`", which gave no clue what was wrong: the
+    /// error now says to write the punycode form with no trailing dot, and gives it.
+    #[test]
+    fn a_non_ascii_or_dotted_entry_is_told_the_form_to_write() {
+        let err = |entry: &str| {
+            CredentialHosts::parse(&[entry.to_string()])
+                .err()
+                .unwrap_or_else(|| panic!("{entry} was accepted"))
+                .to_string()
+        };
+        let e = err("*.bücher.example");
+        assert!(e.contains("is not a host name"), "{e}");
+        assert!(
+            e.contains("write the punycode form (`*.xn--bcher-kva.example`), no trailing dot"),
+            "{e}"
+        );
+        let e = err("bücher.example.");
+        assert!(
+            e.contains("write the punycode form (`xn--bcher-kva.example`), no trailing dot"),
+            "{e}"
+        );
+        let e = err("*.cdn.example.");
+        assert!(e.contains("no trailing dot (`*.cdn.example`)"), "{e}");
+        // What is written that way is accepted.
+        assert!(CredentialHosts::parse(&["*.xn--bcher-kva.example".to_string()]).is_ok());
+        // Another bad entry gets no such advice.
+        let e = err("a b");
+        assert!(
+            !e.contains("punycode") && !e.contains("trailing dot"),
+            "{e}"
+        );
     }
 
     /// Attack: an operator lists `*.cloudfront.net` for their distribution; anyone can make a

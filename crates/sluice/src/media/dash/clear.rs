@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
 use sluice_media::dash::proxy::Part;
@@ -13,18 +14,45 @@ use sluice_media::keys::KeyRing;
 
 use crate::cache::CacheKey;
 use crate::error::ProxyError;
+use crate::media::cache::request_key;
 
 /// Bytes of clear segments held at most.
 const CAPACITY_BYTES: u64 = 32 << 20;
 
 /// What a clear segment is a function of: the fetched bytes (URL, range and upstream headers),
-/// the init that describes them, and the keys.
+/// the init that describes them, and the keys. Built only by [`ClearKey::new`] (the fields are
+/// private), so no call site can key a segment without its init's request.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ClearKey {
-    pub segment: CacheKey,
-    pub segment_part: Part,
-    pub init: Part,
-    pub keys: KeyRing,
+    segment: CacheKey,
+    segment_part: Part,
+    init: Part,
+    keys: KeyRing,
+}
+
+impl ClearKey {
+    /// What a clear (or remuxed) segment is cached under: the segment's request key, its init's
+    /// (URL and upstream headers: each is fetched with the credentials decided for its own URL,
+    /// so the two differ when only one of them is on the viewer's origin), the parts and the
+    /// keys.
+    pub(super) fn new(
+        segment: &Part,
+        headers: &HeaderMap,
+        init: &Part,
+        init_headers: &HeaderMap,
+        keys: KeyRing,
+    ) -> ClearKey {
+        let segment_key = request_key(&segment.url, headers).0;
+        let init_key = request_key(&init.url, init_headers).0;
+        // Length-prefixed: no two pairs of keys give one string.
+        let both = format!("{}|{segment_key}|{init_key}", segment_key.len());
+        ClearKey {
+            segment: CacheKey(both),
+            segment_part: segment.clone(),
+            init: init.clone(),
+            keys,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -105,24 +133,18 @@ mod tests {
     use std::sync::{Arc, Mutex};
     use std::thread::ThreadId;
 
-    use http::{HeaderMap, StatusCode};
-    use sluice_media::keys::KeyRing;
+    use http::StatusCode;
 
     use super::*;
     use crate::error::Side;
-    use crate::media::cache::request_key;
 
     fn key(path: &str) -> ClearKey {
         let part = Part {
             url: url::Url::parse(&format!("http://o/{path}")).unwrap(),
             range: None,
         };
-        ClearKey {
-            segment: request_key(&part.url, &HeaderMap::new()),
-            segment_part: part.clone(),
-            init: part,
-            keys: KeyRing::default(),
-        }
+        let none = HeaderMap::new();
+        ClearKey::new(&part, &none, &part, &none, KeyRing::default())
     }
 
     /// The work runs on another thread than the request's: on this single-threaded runtime, the

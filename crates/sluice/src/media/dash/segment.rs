@@ -15,9 +15,8 @@ use sluice_media::keys::KeyRing;
 use super::clear::ClearKey;
 use super::{bad_request, link_scope, params_for, respond, upstream_headers, Dash};
 use crate::body::Body;
-use crate::cache::CacheKey;
 use crate::error::{ProxyError, Side};
-use crate::media::cache::{request_key, CacheKind};
+use crate::media::cache::CacheKind;
 use crate::media::links;
 use crate::request::RequestContext;
 
@@ -86,9 +85,8 @@ pub async fn segment(
     respond(body, req.content_type, &params)
 }
 
-/// What a clear (or remuxed) segment is cached under: the segment's request key, its init's
-/// (URL and upstream headers: each is fetched with the credentials decided for its own URL, so
-/// the two differ when only one of them is on the viewer's origin), the parts and the keys.
+/// What a clear (or remuxed) segment is cached under: [`ClearKey::new`], the only way to build
+/// one (its fields are private), which takes the init's request with the segment's.
 pub(super) fn clear_key(
     segment: &Part,
     headers: &HeaderMap,
@@ -96,16 +94,7 @@ pub(super) fn clear_key(
     init_headers: &HeaderMap,
     keys: KeyRing,
 ) -> ClearKey {
-    let segment_key = request_key(&segment.url, headers).0;
-    let init_key = request_key(&init.url, init_headers).0;
-    // Length-prefixed: no two pairs of keys give one string.
-    let both = format!("{}|{segment_key}|{init_key}", segment_key.len());
-    ClearKey {
-        segment: CacheKey(both),
-        segment_part: segment.clone(),
-        init: init.clone(),
-        keys,
-    }
+    ClearKey::new(segment, headers, init, init_headers, keys)
 }
 
 /// `/proxy/mpd/init.mp4`.
