@@ -271,9 +271,11 @@ pub(crate) struct Walked {
     /// The index of the node it stopped at (the first untrusted or unreadable one from the
     /// right), out of [`Walked::of`]: the element or entry the outermost trusted proxy wrote.
     /// `None` when every node is a trusted proxy, or the field itself could not be read.
+    #[cfg_attr(not(feature = "media"), allow(dead_code))]
     pub(crate) at: Option<usize>,
     /// The nodes in the chain (`X-Forwarded-For`'s non-empty hops, `Forwarded`'s non-empty
     /// elements), over every line of the field.
+    #[cfg_attr(not(feature = "media"), allow(dead_code))]
     pub(crate) of: usize,
 }
 

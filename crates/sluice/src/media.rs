@@ -4,7 +4,8 @@ pub mod acestream;
 pub mod cache;
 mod cluster;
 pub mod config;
-pub mod cpu;
+/// The CPU lanes live with the runtime (the IPTV gateway's fMP4 rewrite waits in them too).
+pub use crate::runtime::cpu;
 pub mod dash;
 pub mod epg;
 pub mod extractor;

@@ -6,6 +6,7 @@ pub mod aligned_pool;
 pub mod big_blocks;
 pub mod busy_poll;
 pub mod copy;
+pub mod cpu;
 pub mod recent;
 pub mod release;
 

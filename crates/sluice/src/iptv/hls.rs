@@ -606,7 +606,10 @@ impl Iptv {
             rendered: render::Rendered::new(self.hls.render.clone()),
             timeshift: render::TimeshiftMemo::default(),
         });
-        table.insert(shared, channel.clone());
+        if let Some(replaced) = table.insert(shared, channel.clone()) {
+            // Its fMP4 rewrite stops: the new channel serves the key.
+            replaced.fmp4.close();
+        }
         drop(table);
         tokio::spawn(self.clone().segment(channel.clone(), sub));
         Ok(channel)
@@ -771,6 +774,9 @@ impl Iptv {
             .is_some_and(|c| Arc::ptr_eq(c, channel))
         {
             table.remove(&channel.key);
+            // A request still holding the channel may read what it holds, uncounted: its fMP4
+            // rewrite adds nothing more.
+            channel.fmp4.close();
         }
         drop(table);
         self.count_catchup();

@@ -61,6 +61,9 @@ impl Iptv {
             // Its segmenter task sees it gone from the table and lets it go; a request for it
             // starts the channel again, within every limit.
             table.remove(&gone.key);
+            // Its fMP4 rewrite stops too: it held the channel's segments and went on remuxing
+            // them, no longer counted, until it had written them all.
+            gone.fmp4.close();
             held -= bytes;
             tracing::info!(channel = %gone.key.channel(), bytes, "HLS channel dropped: catchup_total_bytes reached");
         }

@@ -45,7 +45,9 @@ pub(super) fn container(query: &str, default: Container) -> Result<(String, Cont
 
 /// Segments rewritten per turn of the lock: the rewrite runs with the state unlocked, and a
 /// turn's fragments are added under it (a catch-up window of 256 MiB is thousands of turns, and
-/// the readers of the state wait for one turn's bookkeeping at most).
+/// the readers of the state wait for one turn's bookkeeping at most). A turn is also one job
+/// of the media segment lane: the next turn queues for a place again, behind the jobs that
+/// came meanwhile.
 const CHUNK_SEGMENTS: usize = 4;
 
 /// One channel's fMP4 segments.
@@ -54,7 +56,9 @@ const CHUNK_SEGMENTS: usize = 4;
 /// time, outside `state`'s lock: a first fMP4 request on a catch-up channel holding 256 MiB
 /// remuxes all of it, and under the lock every reader (the `catchup_total_bytes` accounting
 /// under the HLS channel table's lock, the playlists, the fragments) waited for all of it on a
-/// runtime worker, stalling every `/hls/` request.
+/// runtime worker, stalling every `/hls/` request. Each turn ([`CHUNK_SEGMENTS`]) is a job of
+/// its own in the media segment lane: one job for the whole window held a place until all of
+/// it was remuxed, and every live segment's remux or decryption waited behind it.
 #[derive(Debug, Default)]
 pub(super) struct Converted {
     state: Mutex<State>,
@@ -67,12 +71,24 @@ pub(super) struct Converted {
 }
 
 /// What the tests see of the rewrite: segments rewritten, and how many of them with the state
-/// locked meanwhile.
+/// locked meanwhile; and a lane of the test's own in place of the media segment lane.
 #[cfg(test)]
 #[derive(Debug, Default)]
 struct Probe {
     rewritten: AtomicU64,
     locked: AtomicU64,
+    lane: std::sync::OnceLock<TestLane>,
+}
+
+/// A lane for the tests: its places, where each turn logs the channel's name once done, and
+/// how many times the channel's job waited for a place.
+#[cfg(test)]
+#[derive(Debug)]
+struct TestLane {
+    places: Arc<tokio::sync::Semaphore>,
+    log: Arc<Mutex<Vec<&'static str>>>,
+    name: &'static str,
+    waits: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -95,6 +111,10 @@ struct State {
     bytes: u64,
     /// Why the last segment that could not be written could not.
     error: Option<String>,
+    /// The channel left the HLS table (dropped for `catchup_total_bytes`, idle, or replaced):
+    /// nothing more is queued or rewritten. The job under way stops at its next turn: it held
+    /// the channel's segments and went on remuxing, uncounted, until it had written them all.
+    closed: bool,
 }
 
 impl State {
@@ -133,6 +153,7 @@ impl State {
     /// `ENDLIST` and without its last chunk.
     fn settled(&self, sequence: u64) -> bool {
         !self.wanted
+            || self.closed
             || self.last.is_some_and(|l| l >= sequence)
             || sequence < self.oldest
             || self.queued.is_none_or(|q| q < sequence)
@@ -153,7 +174,7 @@ impl Converted {
     /// for the rewrite when a viewer wants fMP4.
     pub(super) fn add(self: &Arc<Self>, segments: &[(u64, Segment)], oldest: u64) {
         let mut state = registry::lock(&self.state);
-        if state.wanted {
+        if state.wanted && !state.closed {
             state.add(segments, oldest);
             self.bytes.store(state.bytes, Ordering::Release);
             drop(state);
@@ -167,7 +188,7 @@ impl Converted {
     /// on the blocking pool: [`Converted::settle`] waits for it.
     pub(super) fn want(self: &Arc<Self>, window: impl FnOnce() -> (Vec<(u64, Segment)>, u64)) {
         let mut state = registry::lock(&self.state);
-        if !state.wanted {
+        if !state.wanted && !state.closed {
             state.wanted = true;
             state.writer = Some(Writer::default());
             let (segments, oldest) = window();
@@ -177,100 +198,165 @@ impl Converted {
         }
     }
 
+    /// The channel left the HLS table: nothing more is rewritten, the segments waiting are let
+    /// go, and the job under way stops at its next turn (what it is writing now is not kept).
+    /// Requests waiting for a segment's fragment stop waiting.
+    pub(super) fn close(&self) {
+        let mut state = registry::lock(&self.state);
+        state.closed = true;
+        state.pending = VecDeque::new();
+        drop(state);
+        self.progress.send_modify(|n| *n += 1);
+    }
+
+    /// Takes the writer for a turn, unless a job has it, nothing waits, or the channel is gone.
+    fn claim(&self) -> Option<Writer> {
+        let mut state = registry::lock(&self.state);
+        if state.closed || state.pending.is_empty() {
+            return None;
+        }
+        state.writer.take()
+    }
+
     /// Starts the rewrite job unless one is under way or nothing waits for it: on the blocking
-    /// pool (in the media segment lane when there is one), or here without a runtime.
+    /// pool (in the media segment lane when there is one), or here without a runtime. Each
+    /// turn gives its place in the lane back and the next one queues again (the lane is fair):
+    /// the live segments' jobs that came meanwhile go first.
     fn start(self: &Arc<Self>) {
-        let writer = {
-            let mut state = registry::lock(&self.state);
-            if state.pending.is_empty() {
-                return;
-            }
-            match state.writer.take() {
-                Some(w) => w,
-                None => return,
+        let Some(writer) = self.claim() else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            let mut writer = writer;
+            loop {
+                self.turn(writer);
+                match self.claim() {
+                    Some(next) => writer = next,
+                    None => return,
+                }
             }
         };
         let this = self.clone();
-        let job = move || this.rewrite(writer);
-        match tokio::runtime::Handle::try_current() {
-            #[cfg(feature = "media")]
-            Ok(handle) => {
-                handle.spawn(crate::media::cpu::run(
-                    crate::media::cpu::Lane::Segment,
-                    job,
-                ));
+        handle.spawn(async move {
+            let job = {
+                let this = this.clone();
+                move || this.turn(writer)
+            };
+            if this.in_lane(job).await.is_err() {
+                tracing::warn!("fMP4 rewrite job failed");
             }
-            #[cfg(not(feature = "media"))]
-            Ok(handle) => {
-                handle.spawn_blocking(job);
-            }
-            Err(_) => job(),
-        }
+            this.start();
+        });
     }
 
-    /// Rewrites what is queued, a few segments per turn of the lock, until nothing is; then
-    /// gives the writer back.
-    fn rewrite(&self, mut writer: Writer) {
-        loop {
-            let (chunk, mut last) = {
-                let mut state = registry::lock(&self.state);
-                if state.pending.is_empty() {
-                    state.writer = Some(writer);
-                    return;
-                }
-                let n = state.pending.len().min(CHUNK_SEGMENTS);
-                let chunk: Vec<_> = state.pending.drain(..n).collect();
-                (chunk, state.last)
-            };
-            let mut done = Vec::with_capacity(chunk.len());
-            let mut error = None;
-            for (seq, seg) in &chunk {
-                if seg.discontinuity || last.is_none_or(|l| *seq != l + 1) {
-                    writer.reset();
-                }
-                last = Some(*seq);
-                #[cfg(test)]
-                {
-                    self.probe.rewritten.fetch_add(1, Ordering::AcqRel);
-                    if self.state.try_lock().is_err() {
-                        self.probe.locked.fetch_add(1, Ordering::AcqRel);
-                    }
-                }
-                let end = seg.start + seg.duration;
-                let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    writer.segment(&seg.data, (*seq + 1) as u32, Some(end))
-                }));
-                let fragment = match written {
-                    Ok(Ok(f)) => Some(f),
-                    Ok(Err(e)) => {
-                        tracing::debug!(sequence = seq, error = %e, "segment not written as fMP4");
-                        error = Some(e.to_string());
-                        None
-                    }
-                    Err(_) => {
-                        tracing::warn!(sequence = seq, "fMP4 writer panicked on a segment");
-                        writer = Writer::default();
-                        error = Some("the fMP4 writer failed".to_string());
-                        None
-                    }
-                };
-                done.push((*seq, fragment));
-            }
-            let mut state = registry::lock(&self.state);
-            state.last = last;
-            if error.is_some() {
-                state.error = error;
-            }
-            for (seq, fragment) in done {
-                state.bytes += fragment.as_ref().map_or(0, |f| f.media.len() as u64);
-                state.fragments.push_back((seq, fragment));
-            }
-            let oldest = state.oldest;
-            state.forget_before(oldest);
-            self.bytes.store(state.bytes, Ordering::Release);
-            drop(state);
-            self.progress.send_modify(|n| *n += 1);
+    /// Runs `job` on the blocking pool, in the segment lane of the CPU lanes (`runtime::cpu`),
+    /// shared with the media front end's remuxes and decryptions.
+    async fn in_lane(
+        &self,
+        job: impl FnOnce() + Send + 'static,
+    ) -> Result<(), tokio::task::JoinError> {
+        #[cfg(test)]
+        if let Some(lane) = self.probe.lane.get() {
+            // Counted in the poll that queues for the place (the tests' runtime has one
+            // thread): a count seen means the job waits in the lane.
+            lane.waits.fetch_add(1, Ordering::AcqRel);
+            let place = lane
+                .places
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("never closed");
+            return tokio::task::spawn_blocking(move || {
+                let _place = place;
+                job()
+            })
+            .await;
         }
+        crate::runtime::cpu::run(crate::runtime::cpu::Lane::Segment, job).await
+    }
+
+    /// Rewrites a few of the segments queued (one turn of the lock), then gives the writer
+    /// back: [`Converted::start`] takes it again for the next turn.
+    fn turn(&self, mut writer: Writer) {
+        let (chunk, mut last) = {
+            let mut state = registry::lock(&self.state);
+            if state.closed {
+                return;
+            }
+            if state.pending.is_empty() {
+                state.writer = Some(writer);
+                return;
+            }
+            let n = state.pending.len().min(CHUNK_SEGMENTS);
+            let chunk: Vec<_> = state.pending.drain(..n).collect();
+            (chunk, state.last)
+        };
+        let mut done = Vec::with_capacity(chunk.len());
+        let mut error = None;
+        for (seq, seg) in &chunk {
+            if seg.discontinuity || last.is_none_or(|l| *seq != l + 1) {
+                writer.reset();
+            }
+            last = Some(*seq);
+            #[cfg(test)]
+            {
+                self.probe.rewritten.fetch_add(1, Ordering::AcqRel);
+                // Held all along (by this thread): a reader's or the next turn's claim
+                // holds it for a moment.
+                let held = (0..1000).all(|_| {
+                    let held = self.state.try_lock().is_err();
+                    std::thread::yield_now();
+                    held
+                });
+                if held {
+                    self.probe.locked.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+            let end = seg.start + seg.duration;
+            let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                writer.segment(&seg.data, (*seq + 1) as u32, Some(end))
+            }));
+            let fragment = match written {
+                Ok(Ok(f)) => Some(f),
+                Ok(Err(e)) => {
+                    tracing::debug!(sequence = seq, error = %e, "segment not written as fMP4");
+                    error = Some(e.to_string());
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!(sequence = seq, "fMP4 writer panicked on a segment");
+                    writer = Writer::default();
+                    error = Some("the fMP4 writer failed".to_string());
+                    None
+                }
+            };
+            done.push((*seq, fragment));
+        }
+        drop(chunk);
+        let mut state = registry::lock(&self.state);
+        if state.closed {
+            // Gone from the table meanwhile: what it holds is no longer counted.
+            return;
+        }
+        state.last = last;
+        if error.is_some() {
+            state.error = error;
+        }
+        for (seq, fragment) in done {
+            state.bytes += fragment.as_ref().map_or(0, |f| f.media.len() as u64);
+            state.fragments.push_back((seq, fragment));
+        }
+        let oldest = state.oldest;
+        state.forget_before(oldest);
+        state.writer = Some(writer);
+        self.bytes.store(state.bytes, Ordering::Release);
+        #[cfg(test)]
+        if let Some(lane) = self.probe.lane.get() {
+            // Before the turn shows: a test that saw it settled sees it logged.
+            registry::lock(&lane.log).push(lane.name);
+        }
+        drop(state);
+        self.progress.send_modify(|n| *n += 1);
     }
 
     /// Waits (at most `wait`) until segment `sequence` is rewritten, or never will be; returns
@@ -409,6 +495,133 @@ mod tests {
         assert!(converted.fragment(2).is_none());
         assert!(converted.error().is_some());
         assert_eq!(converted.bytes(), 0);
+    }
+
+    /// A channel whose rewrite runs in `places` (a lane of the test's own), logging its turns
+    /// as `name` in `log`.
+    fn laned(
+        name: &'static str,
+        places: &Arc<tokio::sync::Semaphore>,
+        log: &Arc<Mutex<Vec<&'static str>>>,
+    ) -> Arc<Converted> {
+        let converted = Arc::new(Converted::default());
+        let lane = TestLane {
+            places: places.clone(),
+            log: log.clone(),
+            name,
+            waits: AtomicU64::new(0),
+        };
+        converted.probe.lane.set(lane).unwrap();
+        converted
+    }
+
+    /// Until `converted`'s job has queued for a place `waits` times (the runtime has one
+    /// thread: a job counted waits in the lane).
+    async fn queued(converted: &Converted, waits: u64) {
+        let lane = converted.probe.lane.get().unwrap();
+        for _ in 0..100_000 {
+            if lane.waits.load(Ordering::Acquire) >= waits {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("{} never queued for the lane", lane.name);
+    }
+
+    /// A rewrite gives its place in the segment lane back after each turn and queues again:
+    /// a live channel's job waits for one turn of a catch-up channel's first fMP4 rewrite,
+    /// not for all of it (one job held a place until the whole window was remuxed).
+    #[tokio::test]
+    async fn a_long_rewrite_gives_the_lane_back_between_turns() {
+        let places = Arc::new(tokio::sync::Semaphore::new(1));
+        let log = Arc::default();
+        let long = laned("long", &places, &log);
+        let short = laned("short", &places, &log);
+        // Both wait for the one place, the long one first.
+        let held = places.clone().acquire_owned().await.unwrap();
+        let window: Vec<_> = (0..40).map(segment).collect();
+        long.want(|| (window, 0));
+        queued(&long, 1).await;
+        let window: Vec<_> = (0..2).map(segment).collect();
+        short.want(|| (window, 0));
+        queued(&short, 1).await;
+        drop(held);
+        let wait = std::time::Duration::from_secs(30);
+        assert!(long.settle(39, wait).await);
+        assert!(short.settle(1, wait).await);
+        let mut expected = vec!["long", "short"];
+        expected.extend(["long"; 9]);
+        assert_eq!(
+            *registry::lock(&log),
+            expected,
+            "turns in the order they ran"
+        );
+        assert_eq!(long.probe.rewritten.load(Ordering::Acquire), 40);
+        assert_eq!(long.done(), Some(39));
+    }
+
+    /// A channel gone from the table (dropped for `catchup_total_bytes`) stops its rewrite at
+    /// the next turn and lets go of it: the job held the channel's segments and went on
+    /// remuxing them, uncounted, to the end.
+    #[tokio::test]
+    async fn a_closed_channel_stops_its_rewrite() {
+        let places = Arc::new(tokio::sync::Semaphore::new(1));
+        let log = Arc::default();
+        let gone = laned("gone", &places, &log);
+        let held = places.clone().acquire_owned().await.unwrap();
+        let window: Vec<_> = (0..40).map(segment).collect();
+        gone.want(|| (window, 0));
+        queued(&gone, 1).await;
+        // Queued behind the first turn: the place comes here once that turn is done.
+        let asked = Arc::new(AtomicU64::new(0));
+        let next = tokio::spawn({
+            let (places, asked) = (places.clone(), asked.clone());
+            async move {
+                asked.fetch_add(1, Ordering::AcqRel);
+                places.acquire_owned().await.unwrap()
+            }
+        });
+        for _ in 0..100_000 {
+            if asked.load(Ordering::Acquire) > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        let next = next.await.unwrap();
+        assert_eq!(gone.probe.rewritten.load(Ordering::Acquire), 4);
+        // Its next turn queued for the place: it has it before this test has it again.
+        queued(&gone, 2).await;
+        gone.close();
+        drop(next);
+        // Once the place comes back here, any turn queued before has run.
+        let last = places.clone().acquire_owned().await.unwrap();
+        assert_eq!(
+            gone.probe.rewritten.load(Ordering::Acquire),
+            4,
+            "segments rewritten after the channel was closed"
+        );
+        // Nothing waits for what will never be written, and the job let go of the channel.
+        assert!(gone.settle(39, std::time::Duration::from_secs(30)).await);
+        for _ in 0..100_000 {
+            if Arc::strong_count(&gone) == 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            Arc::strong_count(&gone),
+            1,
+            "the job still holds the channel"
+        );
+        drop(last);
+        gone.add(&[segment(40)], 0);
+        assert_eq!(
+            Arc::strong_count(&gone),
+            1,
+            "a closed channel queues nothing"
+        );
+        assert_eq!(gone.done(), Some(3));
     }
 
     /// Segments the rewrite has taken from the queue and is writing now are not settled: by
