@@ -122,19 +122,23 @@ fn framing(
     headers: &mut http::HeaderMap,
     body: &Body,
 ) -> Framing {
+    if status.is_informational() || status == StatusCode::NO_CONTENT {
+        // No body and no framing fields, whatever the method (RFC 9110 §8.6, RFC 9112 §6.1),
+        // as `fast::map_head` writes a relayed one.
+        headers.remove(header::CONTENT_LENGTH);
+        headers.remove(header::TRANSFER_ENCODING);
+        return Framing::None;
+    }
     if head_only && headers.contains_key(header::TRANSFER_ENCODING) {
         // The fields describe the GET answer: its coding is kept, and never a length beside it
         // (RFC 9112 §6.2), as `fast::map_head` writes a relayed one.
         headers.remove(header::CONTENT_LENGTH);
         return Framing::None;
     }
-    if status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        // No body, and (as hyper writes them) no length either (RFC 9110 §8.6 for 1xx, 204; a
-        // 304's would be the length of a body it does not have) but on the answer to HEAD;
-        // `fast::map_head` writes a relayed one so too.
+    if status == StatusCode::NOT_MODIFIED {
+        // No body, and (as hyper writes them) no length either (a 304's would be the length of
+        // a body it does not have) but on the answer to HEAD; `fast::map_head` writes a relayed
+        // one so too.
         if !head_only {
             headers.remove(header::CONTENT_LENGTH);
             headers.remove(header::TRANSFER_ENCODING);
@@ -505,6 +509,14 @@ mod tests {
             Framing::None
         );
         assert!(h.get("content-length").is_none());
+        // A HEAD answered 204 with a coding a route added: no framing field at all (RFC 9112
+        // §6.1), as a relayed one is written.
+        let mut h = headers(&[("content-length", "5"), ("transfer-encoding", "chunked")]);
+        assert_eq!(
+            framing(StatusCode::NO_CONTENT, true, &mut h, &crate::body::empty()),
+            Framing::None
+        );
+        assert!(h.get("content-length").is_none() && h.get("transfer-encoding").is_none());
         // A HEAD answered with an error sluice made says its body's length.
         let mut h = headers(&[]);
         assert_eq!(
