@@ -1084,14 +1084,10 @@ impl Rechecked {
         match outcome {
             Revalidated::Fresh(meta) => Rechecked::Fresh(meta.clone()),
             Revalidated::Changed => Rechecked::Changed,
-            // An origin that is down or overloaded (502, 503, 504) is down for every waiter;
-            // another 5xx (a 500 the leader's own fields may have provoked, a 501, a 505) was
-            // the leader's alone, as a cold fill's 5xx is its writer's: the next one asks.
-            Revalidated::Failed(Failure::Answered { status, .. }, _)
-                if !matches!(status.as_u16(), 502..=504) =>
-            {
-                Rechecked::Own
-            }
+            // Every 5xx is final for the waiters: an app that answers 500 while its database is
+            // overloaded would otherwise have each waiter ask in turn, then the rest at once
+            // (the herd this coalescing removes). Requests whose own fields shape the answer
+            // (credentials, an honoured `no-store`) never wait for another's revalidation.
             Revalidated::Failed(failure, _) => Rechecked::Failed(failure.clone()),
             Revalidated::Refused(_) | Revalidated::Pass => Rechecked::Own,
         }
@@ -1401,27 +1397,5 @@ mod tests {
         );
         assert_eq!(origin.asked.load(Ordering::SeqCst), asked + 1);
         assert_eq!(origin.conditional.load(Ordering::SeqCst), 1);
-    }
-
-    /// An origin that is down or overloaded (502-504) is down for every waiter; another 5xx
-    /// answered to the leader's revalidation (a 500 its own fields may have provoked) is its
-    /// alone, and the next waiter asks, as a cold fill's 5xx is its writer's.
-    #[test]
-    fn only_an_origin_down_is_every_waiters_failure() {
-        let answered = |code: u16| {
-            Rechecked::of(&Revalidated::Failed(
-                Failure::Answered {
-                    status: StatusCode::from_u16(code).unwrap(),
-                    retry_after: None,
-                },
-                None,
-            ))
-        };
-        for code in [502, 503, 504] {
-            assert!(matches!(answered(code), Rechecked::Failed(_)), "{code}");
-        }
-        for code in [500, 501, 505, 507] {
-            assert!(matches!(answered(code), Rechecked::Own), "{code}");
-        }
     }
 }
