@@ -409,15 +409,24 @@ impl Segmenter {
         }
         let elapsed = dts.wrapping_sub(seg.start) & (WRAP - 1);
         let limit = self.settings.target + CLOCK / 2 - 1;
-        if elapsed > limit && step >= CLOCK {
-            // A hole of a second or more (under `MAX_STEP`) that would carry the segment past
-            // the target: a break too. The segment ends a picture after its last, within the
-            // target (a segment longer than it would change the playlist's target duration,
-            // RFC 8216 6.2.1), and the picture waits to start the next, a discontinuity. A
-            // smaller step (a dropped frame, jitter, telecine cadence) is cut as any picture
-            // past the limit is, a frame over at most, with no discontinuity and nothing lost.
-            self.break_off(offset);
-            return self.decide_waiting(0, dts, keyframe);
+        if elapsed > limit {
+            // A step forward (under `MAX_STEP`) that would carry the segment past the target:
+            // the segment ends a picture after its last, within the target (a segment longer
+            // than it would change the playlist's target duration, RFC 8216 6.2.1). A hole of a
+            // second or more is a break: the picture waits to start the next segment, a
+            // discontinuity. A smaller step (a dropped frame, jitter, a telecine cadence) starts
+            // the next segment at this picture, with no discontinuity and nothing lost (a short
+            // gap in its timeline, as the pictures have).
+            if step >= CLOCK {
+                self.break_off(offset);
+                return self.decide_waiting(0, dts, keyframe);
+            }
+            if keyframe {
+                self.last_keyframe = Some(dts);
+            }
+            self.close(offset, None);
+            self.start(0, dts, keyframe);
+            return;
         }
         if step > 0 && step < CLOCK {
             self.frame = step;

@@ -1216,3 +1216,42 @@ async fn a_clients_own_fcc_server_never_feeds_another_viewer() {
         .await
         .unwrap();
 }
+
+/// A start whose FEC socket cannot be opened after the FCC request went out (here `fec=` names
+/// a port another socket holds without sharing it: a 502) tells the FCC server the session is
+/// over; it was dropped without a word, and the server sent its burst to a closed port until
+/// its own timeout, once per such request.
+#[tokio::test]
+async fn a_start_that_fails_after_its_fcc_request_terminates_the_session() {
+    let group = "239.71.9.47";
+    let port = 46140;
+    let fec_port = 46142;
+    let gw = Gateway::start(config()).await;
+    let payloads = Arc::new(channel());
+    let live = Arc::new(AtomicUsize::new(0));
+    let group_addr = SocketAddrV4::new(group.parse().unwrap(), port);
+    let (server, log, stop) = spawn_fcc_server(Flavor::Telecom, group_addr, payloads, live, true);
+    let blocker = UdpSocket::bind(format!("{group}:{fec_port}")).unwrap();
+    let resp = gw
+        .get(&format!(
+            "/rtp/{group}:{port}?iface=lo&fcc={server}&fec={fec_port}"
+        ))
+        .await;
+    assert_eq!(resp.status(), 502);
+    // The server thread logs what it hears; give it a few seconds on a loaded machine.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while log.lock().unwrap().terminations.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Release);
+    drop(blocker);
+    let log = log.lock().unwrap();
+    assert!(
+        !log.requests.is_empty(),
+        "the FCC request went out: {log:?}"
+    );
+    assert!(
+        !log.terminations.is_empty(),
+        "the session was dropped without a termination: {log:?}"
+    );
+}

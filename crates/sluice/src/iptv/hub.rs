@@ -294,10 +294,22 @@ impl Hub {
             None => Some(Source::Waiting(open_multicast(&key.group, settings)?)),
         };
         *sent = true;
-        let fec_sock = key
+        let fec_sock = match key
             .fec_port()
             .map(|port| super::fec::open(&key.group, port, settings.recv_buffer))
-            .transpose()?;
+            .transpose()
+        {
+            Ok(sock) => sock,
+            Err(e) => {
+                // The FCC server was asked for its burst: tell it the session is over, or it
+                // sends to a closed port until its own timeout.
+                let mut fcc = fcc;
+                if let Some((_, (session, sock))) = fcc.as_mut() {
+                    session.close(sock);
+                }
+                return Err(e);
+            }
+        };
         let hub = Hub::new(key, metrics, settings);
         if let Some((target, outcome)) = refused {
             *hub.fcc.lock().unwrap_or_else(|e| e.into_inner()) =

@@ -219,7 +219,7 @@ impl Converted {
     }
 
     /// Starts the rewrite job unless one is under way or nothing waits for it: on the blocking
-    /// pool (in the media segment lane when there is one), or here without a runtime. Each
+    /// pool (in the CPU lanes' segment lane), or here without a runtime. Each
     /// turn gives its place in the lane back and the next one queues again (the lane is fair):
     /// the live segments' jobs that came meanwhile go first.
     fn start(self: &Arc<Self>) {
@@ -243,7 +243,14 @@ impl Converted {
                 move || this.turn(writer)
             };
             if this.in_lane(job).await.is_err() {
+                // The writer went with the job: a fresh one, or the channel's rewrite would stop
+                // for good and every later playlist wait out its time.
                 tracing::warn!("fMP4 rewrite job failed");
+                let mut state = registry::lock(&this.state);
+                if state.writer.is_none() {
+                    state.writer = Some(Writer::default());
+                    state.last = None;
+                }
             }
             this.start();
         });
@@ -365,7 +372,13 @@ impl Converted {
         let mut rx = self.progress.subscribe();
         let settled = rx.wait_for(|_| registry::lock(&self.state).settled(sequence));
         let settled = tokio::time::timeout(wait, settled).await.is_ok();
-        settled
+        // A channel closed meanwhile (replaced, evicted) wakes its waiters, but what it holds
+        // is not all it would have had: unsettled, so a playlist is not ended short of it (the
+        // caller's 503 sends the player back, to the channel now in the table).
+        settled && {
+            let state = registry::lock(&self.state);
+            !state.closed || state.last.is_some_and(|l| l >= sequence)
+        }
     }
 
     /// Whether a viewer has asked for fMP4 (every segment is rewritten).
@@ -601,8 +614,11 @@ mod tests {
             4,
             "segments rewritten after the channel was closed"
         );
-        // Nothing waits for what will never be written, and the job let go of the channel.
-        assert!(gone.settle(39, std::time::Duration::from_secs(30)).await);
+        // Nothing waits for what will never be written (a waiter is woken, and told the segment
+        // is not settled: a closed channel's playlist is not ended short of it), but what was
+        // written stays settled; and the job let go of the channel.
+        assert!(!gone.settle(39, std::time::Duration::from_secs(30)).await);
+        assert!(gone.settle(3, std::time::Duration::from_secs(30)).await);
         for _ in 0..100_000 {
             if Arc::strong_count(&gone) == 1 {
                 break;
