@@ -224,9 +224,6 @@ fn all_digits(label: &str) -> bool {
     !label.is_empty() && label.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// Whether `name` (lowercase, no trailing dot) is itself a public suffix: a rule of the Public
-/// Suffix List (ICANN or private section, `*` rules and exceptions applied), or a top-level
-/// domain the list does not know (its default rule).
 /// The length of `name`'s public suffix (the Public Suffix List's, as [`is_public_suffix`]
 /// reads it); 0 when it has none.
 fn public_suffix_len(name: &str) -> usize {
@@ -236,6 +233,9 @@ fn public_suffix_len(name: &str) -> usize {
         .map_or(0, |s| s.as_bytes().len())
 }
 
+/// Whether `name` (lowercase, no trailing dot) is itself a public suffix: a rule of the Public
+/// Suffix List (ICANN or private section, `*` rules and exceptions applied), or a top-level
+/// domain the list does not know (its default rule).
 fn is_public_suffix(name: &str) -> bool {
     use psl::Psl;
     psl::List
