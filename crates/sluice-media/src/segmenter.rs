@@ -412,12 +412,13 @@ impl Segmenter {
         if elapsed > limit {
             // A step forward (under `MAX_STEP`) that would carry the segment past the target:
             // the segment ends a picture after its last, within the target (a segment longer
-            // than it would change the playlist's target duration, RFC 8216 6.2.1). A hole of a
-            // second or more is a break: the picture waits to start the next segment, a
-            // discontinuity. A smaller step (a dropped frame, jitter, a telecine cadence) starts
+            // than it would change the playlist's target duration, RFC 8216 6.2.1). A hole of
+            // more than a second is a break: the picture waits to start the next segment, a
+            // discontinuity. A step of a second or less (a dropped frame, jitter, a telecine
+            // cadence, a stream of one picture a second) starts
             // the next segment at this picture, with no discontinuity and nothing lost (a short
             // gap in its timeline, as the pictures have).
-            if step >= CLOCK {
+            if step > CLOCK {
                 self.break_off(offset);
                 return self.decide_waiting(0, dts, keyframe);
             }
@@ -428,7 +429,7 @@ impl Segmenter {
             self.start(0, dts, keyframe);
             return;
         }
-        if step > 0 && step < CLOCK {
+        if step > 0 && step <= CLOCK {
             self.frame = step;
         }
         let cut = if keyframe {

@@ -355,6 +355,33 @@ fn a_dropped_frame_past_the_limit_is_no_discontinuity() {
     assert!(total >= 211 * FRAME, "{total}: pictures lost");
 }
 
+/// A stream of one picture a second (a slide show, a radio channel's still picture), keyframes
+/// every 10: each crossing of the limit is its ordinary step, not a hole: no discontinuity,
+/// nothing dropped.
+#[test]
+fn one_picture_a_second_is_no_hole() {
+    let one_a_second: Vec<u8> = {
+        // One call per picture: the generator spaces a call's pictures FRAME apart.
+        let mut g = Gen::new();
+        let mut out = Vec::new();
+        for i in 0..30u64 {
+            out.extend(stream(
+                &mut g,
+                i * CLOCK,
+                1,
+                if i % 10 == 0 { 1 } else { 0 },
+                false,
+            ));
+        }
+        out
+    };
+    let segs = run(&one_a_second, 4, 1316);
+    let flags: Vec<bool> = segs.iter().map(|s| s.discontinuity).collect();
+    assert!(flags.iter().all(|d| !d), "{flags:?}");
+    let total: u64 = segs.iter().map(|s| s.duration).sum();
+    assert!(total >= 29 * CLOCK, "{total}: pictures lost");
+}
+
 #[test]
 fn a_gap_ends_the_segment_and_the_next_waits_for_a_keyframe() {
     let mut g = Gen::new();

@@ -249,7 +249,6 @@ impl Converted {
                 let mut state = registry::lock(&this.state);
                 if state.writer.is_none() {
                     state.writer = Some(Writer::default());
-                    state.last = None;
                 }
             }
             this.start();
