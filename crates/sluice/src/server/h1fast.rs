@@ -489,7 +489,8 @@ fn client_left(fd: std::os::fd::RawFd, secure: bool) -> bool {
 /// The most bytes a TLS client's `close_notify` takes on the wire: one record of 23 (TLS 1.2
 /// with ChaCha20-Poly1305), 24 (TLS 1.3) or 31 bytes (TLS 1.2 with AES-GCM's explicit nonce);
 /// sluice's TLS offers no CBC suites. The shortest record holding a request (`GET /
-/// HTTP/1.0` and the blank line, bare LFs, sealed) takes 38, so nothing longer is taken for one.
+/// HTTP/1.0` and the blank line, bare LFs, sealed) takes 37 (TLS 1.2, ChaCha20) or 38 (TLS
+/// 1.3), so nothing longer is taken for one.
 const CLOSE_NOTIFY_MAX: usize = 31;
 
 /// What the loop does next.
