@@ -55,11 +55,20 @@ pub enum CatchupError {
     Backwards,
 }
 
+/// The longest `playseek` value taken (the longest well-formed one has 59 characters).
+const MAX_SEEK_LEN: usize = 96;
+
 /// Parses `begin[-end]`; `client_zone` (seconds east of UTC) applies to instants written
 /// without a zone.
 pub fn parse_seek(value: &str, client_zone: i64) -> Result<Seek, CatchupError> {
     let value = value.trim();
     let bad = || CatchupError::Format(value.chars().take(64).collect());
+    // The longest value written in any form (two ISO instants with milliseconds and zones) has
+    // 59 characters: a longer one is refused before every dash is tried as the separator (each
+    // try scans what is before it: 64 KiB of dashes was billions of steps).
+    if value.len() > MAX_SEEK_LEN {
+        return Err(bad());
+    }
     let seek = if let Some(begin) = stamp(value, client_zone) {
         Seek { begin, end: None }
     } else {

@@ -104,6 +104,17 @@ fn a_multibyte_zone_offset_is_refused_not_split() {
     assert_eq!(user_agent_zone("TZ/UTC+𐖻"), None);
 }
 
+/// A value longer than any well-formed one is refused before every dash is tried as the
+/// separator (64 KiB of dashes was billions of steps); the longest well-formed one still parses.
+#[test]
+fn an_overlong_seek_is_refused_before_splitting() {
+    assert!(parse_seek(&"-".repeat(64 * 1024), 0).is_err());
+    let longest = "2024-01-01T20:00:00.000+08:00-2024-01-01T21:00:00.000+08:00";
+    assert_eq!(longest.len(), 59);
+    let seek = parse_seek(longest, 0).unwrap();
+    assert!(seek.end.is_some());
+}
+
 proptest::proptest! {
     #[test]
     fn digits_round_trip(t in 0i64..253_402_300_799, zone in -14i64 * 3600..=14 * 3600) {

@@ -100,6 +100,13 @@ pub fn parse(
         .filter(|p| !p.is_empty())
         .map(|p| p.split_once('=').unwrap_or((p, "")))
         .collect();
+    // The keys written with `=` (to keep `a=` apart from `a`), gathered once: asked per param
+    // of the raw query, `a&a&a...` over 64 KiB was a billion steps.
+    let with_eq: std::collections::HashSet<&str> = query
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|p| p.split_once('=').map(|(k, _)| k))
+        .collect();
     let get = |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
     let transport = match get("r2h-rtsp-transport") {
         None => config.transport,
@@ -171,7 +178,7 @@ pub fn parse(
             }
             continue;
         }
-        upstream_query.push(if v.is_empty() && !query_has_eq(query, k) {
+        upstream_query.push(if v.is_empty() && !with_eq.contains(k) {
             k.to_string()
         } else {
             format!("{k}={v}")
@@ -196,14 +203,6 @@ pub fn parse(
         range,
         seek,
     })
-}
-
-/// Whether `key=` (with an equals sign) appears in the raw query, to keep `a=` apart from `a`.
-fn query_has_eq(query: Option<&str>, key: &str) -> bool {
-    query
-        .unwrap_or("")
-        .split('&')
-        .any(|p| p.strip_prefix(key).is_some_and(|r| r.starts_with('=')))
 }
 
 fn host_port(s: &str) -> Result<(String, u16), RequestError> {
