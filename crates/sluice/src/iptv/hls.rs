@@ -1534,6 +1534,24 @@ pub fn hls_entries(playlist: &str, base: &str) -> String {
 mod tests {
     use super::*;
 
+    /// A live window bound under a megabyte (0, or a few bytes: every segment dropped as it
+    /// comes) is refused at load; a megabyte is the least taken.
+    #[test]
+    fn a_live_window_bound_under_a_megabyte_is_refused() {
+        for (bytes, ok) in [
+            (0, false),
+            ((1 << 20) - 1, false),
+            (1 << 20, true),
+            (u64::MAX, true),
+        ] {
+            let c = HlsConfig {
+                live_window_max_bytes: bytes,
+                ..HlsConfig::default()
+            };
+            assert_eq!(c.validate().is_ok(), ok, "{bytes}");
+        }
+    }
+
     /// A timeshift listing of `n` 40 ms segments with wall-clock times.
     fn timeshift_listing(n: usize) -> TimeshiftListing {
         TimeshiftListing {
