@@ -1337,7 +1337,10 @@ async fn a_client_that_stops_reading_a_hit_sent_from_files_is_cut_and_others_go_
         }
     })
     .await;
-    let mut config = proxy_config(origin, true, CACHED);
+    // Slices of 8 MiB: the object is 5 of them, within the memory fast path's bound (a hit
+    // of more than 8 slices is streamed, not sent from files).
+    let cached = CACHED.replace(r#"slice_bytes = "1MiB""#, r#"slice_bytes = "8MiB""#);
+    let mut config = proxy_config(origin, true, &cached);
     config.server.send_timeout_secs = 1;
     let p = Proxy::start(config).await;
     let mut c = Client::to(&p).await;

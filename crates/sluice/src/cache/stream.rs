@@ -94,10 +94,21 @@ impl Plan {
 
 type Item = Result<Bytes, BoxError>;
 
-/// The body straight from the memory tier when every slice it needs is there: no task, no
-/// channel, the stored chunks handed to the connection as they are (the hit fast path). Beside
-/// it, with `cache.sendfile`, the same bytes as pieces for `sendfile` when some of the slices are
-/// file-backed (`shm.rs`).
+/// The most slices a body from [`from_memory`] may cover. That body holds a view of every slice
+/// it will send from the start (and its `FileBody` the slices' shared-memory files), for as long
+/// as its client takes to read it: the tier may evict them meanwhile, and then they are held
+/// outside `memory_bytes`, uncounted. A slow reader of a 500-slice object held 500 slices after
+/// the tier had let them go, and N such readers N times that, whatever the budget. Past this
+/// bound a hit goes by the streaming path ([`inline`], [`spawn`]), which holds the slice it
+/// sends and at most the next one, so a slow reader pins at most this many slices (8 MiB at the
+/// default 1 MiB). Eight keeps every hit of the suite's cached cells on the fast path: 7 MB is
+/// seven slices of 1 MiB, and a range of it that starts mid-slice eight.
+pub(crate) const MEMORY_PATH_SLICES: u64 = 8;
+
+/// The body straight from the memory tier when every slice it needs is there and they are at
+/// most [`MEMORY_PATH_SLICES`]: no task, no channel, the stored chunks handed to the connection
+/// as they are (the hit fast path). Beside it, with `cache.sendfile`, the same bytes as pieces for
+/// `sendfile` when some of the slices are file-backed (`shm.rs`).
 pub(crate) fn from_memory(
     inner: &Inner,
     meta: &ObjectMeta,
@@ -107,6 +118,14 @@ pub(crate) fn from_memory(
         return None;
     }
     let slice = inner.slice_bytes;
+    let mut covered = 0u64;
+    for (_, range) in &plan.parts {
+        let slices = slices_covering(*range, slice);
+        covered = covered.saturating_add(slices.end() - slices.start() + 1);
+        if covered > MEMORY_PATH_SLICES {
+            return None;
+        }
+    }
     let mut chunks: Vec<Bytes> = Vec::new();
     // Only built when slices can be file-backed at all.
     let mut pieces: Option<Vec<Piece>> = inner.config.sendfile.then(Vec::new);
@@ -239,6 +258,12 @@ fn answers_may_pass(parts: &Parts, policy: &FreshnessPolicy) -> bool {
             && parse_cache_control(&parts.headers).no_store)
 }
 
+/// The chunks a producer queues ahead of its client. A stored slice is one chunk (the whole
+/// slice, `Slice::compacted`), so this many could be as many whole slices: before it takes a
+/// stored slice, a producer waits until its client holds at most one chunk unread
+/// ([`Producer::room_for_a_slice`]).
+const QUEUED: usize = 4;
+
 /// Starts the producer and returns the body it feeds.
 pub(crate) fn spawn(
     inner: Arc<Inner>,
@@ -249,7 +274,7 @@ pub(crate) fn spawn(
     plan: Plan,
     first: Option<(u64, FillReader)>,
 ) -> Body {
-    let (tx, rx) = mpsc::channel::<Item>(4);
+    let (tx, rx) = mpsc::channel::<Item>(QUEUED);
     let wary = answers_may_pass(&parts, &policy);
     let mut p = Producer {
         inner,
@@ -372,6 +397,7 @@ impl Producer {
             }
         }
         for _ in 0..3 {
+            self.room_for_a_slice().await?;
             if let Some(s) = self.inner.memory.get(&key) {
                 return self.send_stored(i, &s, from, to, true).await;
             }
@@ -399,6 +425,18 @@ impl Producer {
             }
         }
         Err(StreamError::Failed("origin failed".into()))
+    }
+
+    /// Waits until the client has taken all but one of the chunks queued for it. A stored
+    /// slice (from the memory tier, or read from disk) is then held by this body only while
+    /// the one before it is sent: without the wait the queue held four whole slices and the
+    /// producer a fifth, outside `memory_bytes` once the tier had evicted them, for as long as
+    /// the client did not read.
+    async fn room_for_a_slice(&self) -> Result<(), StreamError> {
+        match self.tx.reserve_many(QUEUED - 1).await {
+            Ok(_permits) => Ok(()),
+            Err(_) => Err(StreamError::Gone),
+        }
     }
 
     async fn send_stored(
@@ -939,6 +977,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
+    use crate::cache::index::Lookup;
     use crate::cache::{Cache, CacheConfig, CacheKey, OriginFuture};
 
     const MIB: u64 = 1024 * 1024;
@@ -1055,6 +1094,231 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         panic!("the origin was never asked for {start}: {:?}", fed.asked());
+    }
+
+    /// An origin that answers each slice request at once, in one frame.
+    struct Ready;
+
+    impl Origin for Ready {
+        fn fetch(&self, req: Request<()>) -> OriginFuture {
+            let range = req.headers()[http::header::RANGE].to_str().unwrap();
+            let (a, b) = range["bytes=".len()..].split_once('-').unwrap();
+            let (a, b): (u64, u64) = (a.parse().unwrap(), b.parse().unwrap());
+            let b = b.min(OBJECT - 1);
+            let resp = Response::builder()
+                .status(StatusCode::PARTIAL_CONTENT)
+                .header("content-range", format!("bytes {a}-{b}/{OBJECT}"))
+                .header("content-length", (b - a + 1).to_string())
+                .header("cache-control", "max-age=60")
+                .header("etag", "\"v1\"")
+                .body(crate::body::boxed(http_body_util::Full::new(bytes(
+                    a,
+                    b - a + 1,
+                ))))
+                .unwrap();
+            Box::pin(async move { Ok(resp) })
+        }
+    }
+
+    /// The bytes of one stored slice, counting itself among the `live` ones until its last view
+    /// is gone.
+    struct Tracked {
+        bytes: Vec<u8>,
+        live: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl AsRef<[u8]> for Tracked {
+        fn as_ref(&self) -> &[u8] {
+            &self.bytes
+        }
+    }
+
+    impl Drop for Tracked {
+        fn drop(&mut self) {
+            self.live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    /// A cache of 64 KiB slices holding the test object (32 slices) whole in its memory tier,
+    /// every slice stored as [`Tracked`] bytes counted in the returned `live`.
+    async fn stored_in_memory() -> (
+        Cache,
+        Arc<dyn Origin>,
+        Arc<ObjectMeta>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let cfg = CacheConfig {
+            memory_bytes: crate::cache::config::ByteSize(64 * MIB),
+            slice_bytes: crate::cache::config::ByteSize(64 * 1024),
+            ..CacheConfig::default()
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let cache = Cache::new(&cfg, None, &mut registry).unwrap();
+        let origin: Arc<dyn Origin> = Arc::new(Ready);
+        let mut body = get(&cache, &origin).await;
+        let mut got = Vec::new();
+        while got.len() < OBJECT as usize {
+            got.extend_from_slice(&frame(&mut body).await);
+        }
+        drop(body);
+        settle().await;
+        let inner = &cache.inner;
+        let key = CacheKey::new("test", &"/object".parse().unwrap());
+        let Lookup::Hit(meta) =
+            inner
+                .index
+                .lookup(&key.0, &http::HeaderMap::new(), std::time::Instant::now())
+        else {
+            panic!("the object is stored");
+        };
+        let slice = inner.slice_bytes;
+        let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for i in 0..OBJECT / slice {
+            let key = SliceKey {
+                object: meta.id,
+                generation: meta.generation,
+                index: i,
+            };
+            assert!(inner.memory.get(&key).is_some(), "slice {i} is in memory");
+            live.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let tracked = Bytes::from_owner(Tracked {
+                bytes: bytes(i * slice, slice).to_vec(),
+                live: live.clone(),
+            });
+            inner
+                .memory
+                .insert(key, crate::cache::memory::Slice::new(vec![tracked]));
+        }
+        (cache, origin, meta, live)
+    }
+
+    /// Whether a fresh hit for `range` (none: the whole object) is answered by the memory fast
+    /// path.
+    fn fast(cache: &Cache, range: Option<&str>) -> bool {
+        let mut req = Request::get("/object");
+        if let Some(r) = range {
+            req = req.header(http::header::RANGE, r);
+        }
+        let (parts, ()) = req.body(()).unwrap().into_parts();
+        let key = CacheKey::new("test", &parts.uri);
+        let policy = CacheConfig::default().policy().freshness();
+        cache
+            .serve_fresh(&parts, &key, &policy, &[], false)
+            .is_some()
+    }
+
+    #[tokio::test]
+    async fn a_slow_reader_of_a_long_hit_holds_a_bounded_number_of_slices() {
+        let (cache, origin, meta, live) = stored_in_memory().await;
+        let slices = OBJECT / cache.inner.slice_bytes;
+        assert_eq!(
+            live.load(std::sync::atomic::Ordering::SeqCst),
+            slices as usize
+        );
+        // A whole read from memory is every byte, in order.
+        let mut whole = get(&cache, &origin).await;
+        let mut got = Vec::new();
+        while let Some(f) = whole.frame().await {
+            got.extend_from_slice(&f.unwrap().into_data().unwrap());
+        }
+        assert!(got == bytes(0, OBJECT), "the object's bytes, in order");
+        // A client that takes one frame, then reads no more; the tier then lets every slice go.
+        let mut slow = get(&cache, &origin).await;
+        let first = frame(&mut slow).await;
+        settle().await;
+        for i in 0..slices {
+            cache.inner.memory.remove(&SliceKey {
+                object: meta.id,
+                generation: meta.generation,
+                index: i,
+            });
+        }
+        let held = live.load(std::sync::atomic::Ordering::SeqCst) as u64;
+        assert!(
+            held <= MEMORY_PATH_SLICES,
+            "a slow reader holds {held} of {slices} evicted slices (bound {MEMORY_PATH_SLICES})"
+        );
+        // It reads on: the evicted slices come from the origin again, every byte in order.
+        let mut got = first.to_vec();
+        while let Some(f) = slow.frame().await {
+            got.extend_from_slice(&f.unwrap().into_data().unwrap());
+        }
+        assert!(got == bytes(0, OBJECT), "the object's bytes, in order");
+    }
+
+    #[tokio::test]
+    async fn a_slow_reader_of_several_ranges_holds_one_slice_and_the_next() {
+        let (cache, origin, meta, live) = stored_in_memory().await;
+        let slice = cache.inner.slice_bytes;
+        let slices = OBJECT / slice;
+        // Two ranges of whole slices, apart: a multipart body, fed by a producer task.
+        let range = format!("bytes=0-{},{}-{}", 16 * slice - 1, 17 * slice, OBJECT - 1);
+        let (parts, ()) = Request::get("/object")
+            .header(http::header::RANGE, &range)
+            .body(())
+            .unwrap()
+            .into_parts();
+        let key = CacheKey::new("test", &parts.uri);
+        let policy = CacheConfig::default().policy().freshness();
+        let resp = cache.serve(&parts, &key, origin.clone(), &policy).await;
+        assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
+        let mut slow = resp.into_body();
+        let head = frame(&mut slow).await;
+        assert!(head.len() < 256, "the first part's head comes first");
+        settle().await;
+        for i in 0..slices {
+            cache.inner.memory.remove(&SliceKey {
+                object: meta.id,
+                generation: meta.generation,
+                index: i,
+            });
+        }
+        let held = live.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            held <= 2,
+            "a slow reader holds {held} of {slices} evicted slices (one and the next)"
+        );
+        // It reads on: every byte of both ranges, in order, between the part heads.
+        let mut got = head.to_vec();
+        while let Some(f) = slow.frame().await {
+            got.extend_from_slice(&f.unwrap().into_data().unwrap());
+        }
+        let first = bytes(0, 16 * slice);
+        let second = bytes(17 * slice, OBJECT - 17 * slice);
+        let after = head.len() + first.len();
+        assert!(got[head.len()..after] == first[..], "the first range");
+        let blank = got[after..]
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("the second part's head");
+        let at = after + blank + 4;
+        assert!(got[at..at + second.len()] == second[..], "the second range");
+    }
+
+    #[tokio::test]
+    async fn hits_of_a_few_slices_keep_the_fast_path() {
+        let (cache, _origin, _meta, _live) = stored_in_memory().await;
+        let slice = cache.inner.slice_bytes;
+        let n = MEMORY_PATH_SLICES;
+        assert!(fast(&cache, Some(&format!("bytes=0-{}", n * slice - 1))));
+        assert!(fast(
+            &cache,
+            Some(&format!("bytes=100-{}", (n - 1) * slice))
+        ));
+        assert!(fast(&cache, Some("bytes=0-0,1000-2000")));
+        // One slice more, in one range or in several: the streaming path.
+        assert!(!fast(&cache, Some(&format!("bytes=0-{}", n * slice))));
+        assert!(!fast(&cache, Some(&format!("bytes=100-{}", n * slice))));
+        assert!(!fast(
+            &cache,
+            Some(&format!(
+                "bytes=0-{},{}-{}",
+                slice,
+                4 * slice,
+                11 * slice - 1
+            ))
+        ));
+        assert!(!fast(&cache, None), "the whole object is 32 slices");
     }
 
     #[tokio::test]
