@@ -1306,12 +1306,14 @@ async fn caching_routes_answer_on_the_fast_path_as_through_hyper_with_hits_sent_
 
 #[tokio::test]
 async fn a_client_that_stops_reading_a_hit_sent_from_files_is_cut_and_others_go_on() {
-    // Far more than the loopback socket buffers hold, so `sendfile` blocks on the client; and
-    // small enough that the object and the slices a fill may hold in transit (a quarter of the
-    // 64 MiB budget, taken from the memory tier meanwhile) fit the budget together. At 48 MiB, a
-    // fill that ended with its whole quarter in transit left the tier a head's bytes short of
-    // the object, and one slice was evicted (seen twice on loaded runs).
-    let big = pattern(40 * 1024 * 1024);
+    // Far more than the loopback socket buffers hold for a client that reads nothing (128 KiB
+    // received, at most 4 MiB sent), so `sendfile` blocks on the client; two slices of 8 MiB, so
+    // the hit stays on the memory fast path (at most 8 MiB, or two slices, held from the start);
+    // and small enough that the object and the slices a fill may hold in transit (a quarter of
+    // the 64 MiB budget, taken from the memory tier meanwhile) fit the budget together. At
+    // 48 MiB, a fill that ended with its whole quarter in transit left the tier a head's bytes
+    // short of the object, and one slice was evicted (seen twice on loaded runs).
+    let big = pattern(16 * 1024 * 1024);
     let b = big.clone();
     // An origin that honours `Range`, so each slice costs one slice.
     let origin = origin(move |req: http::Request<hyper::body::Incoming>| {
@@ -1337,8 +1339,6 @@ async fn a_client_that_stops_reading_a_hit_sent_from_files_is_cut_and_others_go_
         }
     })
     .await;
-    // Slices of 8 MiB: the object is 5 of them, within the memory fast path's bound (a hit
-    // of more than 8 slices is streamed, not sent from files).
     let cached = CACHED.replace(r#"slice_bytes = "1MiB""#, r#"slice_bytes = "8MiB""#);
     let mut config = proxy_config(origin, true, &cached);
     config.server.send_timeout_secs = 1;

@@ -100,13 +100,23 @@ type Item = Result<Bytes, BoxError>;
 /// outside `memory_bytes`, uncounted. A slow reader of a 500-slice object held 500 slices after
 /// the tier had let them go, and N such readers N times that, whatever the budget. Past this
 /// bound a hit goes by the streaming path ([`inline`], [`spawn`]), which holds the slice it
-/// sends and at most the next one, so a slow reader pins at most this many slices (8 MiB at the
-/// default 1 MiB). Eight keeps every hit of the suite's cached cells on the fast path: 7 MB is
-/// seven slices of 1 MiB, and a range of it that starts mid-slice eight.
+/// sends and at most the next one. Eight keeps every hit of the suite's cached cells on the fast
+/// path: 7 MB is seven slices of 1 MiB, and a range of it that starts mid-slice eight. Bigger
+/// slices take fewer ([`memory_path_slices`]).
 pub(crate) const MEMORY_PATH_SLICES: u64 = 8;
 
+/// What a fast-path body may hold at most, in bytes, past the two slices the streaming path
+/// holds anyway: 8 slices of 1 MiB, but 2 of 64 MiB (not 512 MiB).
+const MEMORY_PATH_BYTES: u64 = 8 << 20;
+
+/// The most slices a fast-path body covers at `slice` bytes a slice: [`MEMORY_PATH_SLICES`], and
+/// no more than [`MEMORY_PATH_BYTES`] hold unless that is under the streaming path's two.
+pub(crate) fn memory_path_slices(slice: u64) -> u64 {
+    MEMORY_PATH_SLICES.min((MEMORY_PATH_BYTES / slice.max(1)).max(2))
+}
+
 /// The body straight from the memory tier when every slice it needs is there and they are at
-/// most [`MEMORY_PATH_SLICES`]: no task, no channel, the stored chunks handed to the connection
+/// most [`memory_path_slices`]: no task, no channel, the stored chunks handed to the connection
 /// as they are (the hit fast path). Beside it, with `cache.sendfile`, the same bytes as pieces for
 /// `sendfile` when some of the slices are file-backed (`shm.rs`).
 pub(crate) fn from_memory(
@@ -118,11 +128,12 @@ pub(crate) fn from_memory(
         return None;
     }
     let slice = inner.slice_bytes;
+    let bound = memory_path_slices(slice);
     let mut covered = 0u64;
     for (_, range) in &plan.parts {
         let slices = slices_covering(*range, slice);
         covered = covered.saturating_add(slices.end() - slices.start() + 1);
-        if covered > MEMORY_PATH_SLICES {
+        if covered > bound {
             return None;
         }
     }
@@ -1235,8 +1246,8 @@ mod tests {
         }
         let held = live.load(std::sync::atomic::Ordering::SeqCst) as u64;
         assert!(
-            held <= MEMORY_PATH_SLICES,
-            "a slow reader holds {held} of {slices} evicted slices (bound {MEMORY_PATH_SLICES})"
+            held <= 2,
+            "a slow reader holds {held} of {slices} evicted slices (bound 2: the streaming path's)"
         );
         // It reads on: the evicted slices come from the origin again, every byte in order.
         let mut got = first.to_vec();
@@ -1299,7 +1310,14 @@ mod tests {
     async fn hits_of_a_few_slices_keep_the_fast_path() {
         let (cache, _origin, _meta, _live) = stored_in_memory().await;
         let slice = cache.inner.slice_bytes;
-        let n = MEMORY_PATH_SLICES;
+        let n = memory_path_slices(slice);
+        assert_eq!(
+            n, MEMORY_PATH_SLICES,
+            "64 KiB slices take the count's bound"
+        );
+        assert_eq!(memory_path_slices(1 << 20), 8);
+        assert_eq!(memory_path_slices(4 << 20), 2);
+        assert_eq!(memory_path_slices(64 << 20), 2);
         assert!(fast(&cache, Some(&format!("bytes=0-{}", n * slice - 1))));
         assert!(fast(
             &cache,
