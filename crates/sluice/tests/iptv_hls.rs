@@ -762,6 +762,139 @@ async fn an_old_timeshift_segment_is_served_from_disk_byte_exact() {
     assert_eq!(resp.status(), 404);
 }
 
+/// Unix milliseconds of the first `#EXT-X-PROGRAM-DATE-TIME` of a playlist
+/// (`2024-01-01T12:00:03.123Z`).
+fn first_date_time(text: &str) -> i64 {
+    let v = text
+        .lines()
+        .find_map(|l| l.strip_prefix("#EXT-X-PROGRAM-DATE-TIME:"))
+        .expect("a date-time");
+    let n = |r: std::ops::Range<usize>| v[r].parse::<i64>().unwrap();
+    let days = sluice_media::civil::days_from_civil(n(0..4), n(5..7), n(8..10));
+    ((days * 24 + n(11..13)) * 60 + n(14..16)) * 60_000 + n(17..19) * 1000 + n(20..23)
+}
+
+/// The media sequence numbers of a playlist's segments (`<n>.ts?...`).
+fn numbers(p: &Playlist) -> Vec<u64> {
+    p.segments
+        .iter()
+        .map(|(_, _, uri)| uri.split('.').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+/// A catch-up range of a timeshift channel (`playseek=` from a time inside the window, no end)
+/// is an EVENT playlist; once its first segment has left the window (`max_bytes`), a player's
+/// reload of the same URL was answered 404 and playback stopped. Every reload is answered:
+/// the rest of the range as a live playlist (no EVENT type: an EVENT playlist never loses a
+/// segment), its media sequence moving on with the window, each reload going on from the one
+/// before, and what it lists fetches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeshift_range_whose_start_left_the_window_still_reloads() {
+    require_ffmpeg();
+    let dir = Scratch::new("timeshift-slide");
+    // About 100 KB a second: 1 MiB of window is about ten one-second segments.
+    let source = make_source(&dir.path("source.ts"), 24, 25, None);
+    let mut cfg = hls_config(1);
+    cfg.timeshift.dir = Some(dir.path("shift").to_string_lossy().into_owned());
+    cfg.timeshift.minutes = 5;
+    cfg.timeshift.max_bytes = 1 << 20;
+    cfg.timeshift.channels = vec!["/rtp/239.255.41.40:5640?iface=lo".into()];
+    let gw = Gateway::start(cfg).await;
+    wait_joined("239.255.41.40", true).await;
+    let sender = Sender::new("239.255.41.40", 5640);
+    let base = "/hls/rtp/239.255.41.40:5640";
+    let window_url = format!("{base}/index.m3u8?iface=lo");
+    // Sent a datagram-aligned chunk at a time; each is waited for until the window has a
+    // segment more.
+    let chunk = 7 * 188 * (source.len() / (7 * 188) / 12);
+    let mut chunks = source.chunks(chunk);
+    let mut seq = 1;
+    let mut newest = None;
+    let mut next_chunk = async |seq: &mut u16, newest: &mut Option<u64>| -> bool {
+        let Some(c) = chunks.next() else {
+            return false;
+        };
+        *seq = send(&sender, c, *seq).await;
+        for _ in 0..300 {
+            let resp = gw.get(&window_url).await;
+            if resp.status() == 200 {
+                let p = parse_playlist(&read_text(resp).await);
+                let last = numbers(&p).last().copied();
+                if last.is_some() && last > *newest {
+                    *newest = last;
+                    return true;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("no segment recorded after a chunk");
+    };
+    for _ in 0..2 {
+        assert!(next_chunk(&mut seq, &mut newest).await);
+    }
+    // A range from a second inside the first segment recorded or the next, no end: EVENT.
+    let text = read_text(gw.get(&window_url).await).await;
+    let begin = first_date_time(&text).div_euclid(1000) + 1;
+    let range = format!("{base}/index.m3u8?iface=lo&playseek={begin}");
+    let resp = gw.get(&range).await;
+    assert_eq!(resp.status(), 200);
+    let text = read_text(resp).await;
+    assert!(text.contains("#EXT-X-PLAYLIST-TYPE:EVENT\n"), "{text}");
+    let first = parse_playlist(&text);
+    assert!(!first.ended, "{text}");
+    let mut before = first;
+    let mut slid = 0;
+    while next_chunk(&mut seq, &mut newest).await {
+        let resp = gw.get(&range).await;
+        let status = resp.status();
+        let text = read_text(resp).await;
+        assert_eq!(status, 200, "a reload of the range: {text}");
+        let p = parse_playlist(&text);
+        let listed = numbers(&p);
+        // The media sequence is the first segment's, the segments follow on from it.
+        assert_eq!(listed[0], p.sequence, "{text}");
+        assert!(
+            listed.windows(2).all(|w| w[1] == w[0] + 1),
+            "consecutive: {text}"
+        );
+        // It goes on from the reload before: never back, no segment skipped, more at the end.
+        let had = numbers(&before);
+        assert!(p.sequence >= before.sequence, "{text}");
+        assert!(
+            p.sequence <= *had.last().unwrap() + 1,
+            "a gap after {had:?}: {text}"
+        );
+        assert!(listed.last() > had.last(), "{text}");
+        assert!(p.discontinuity_sequence >= before.discontinuity_sequence);
+        assert!(!p.ended, "{text}");
+        if p.sequence > before.sequence || slid > 0 {
+            // Its start has left: a live window, not an EVENT one that lost segments.
+            assert!(!text.contains("#EXT-X-PLAYLIST-TYPE"), "{text}");
+            assert!(!text.contains("#EXT-X-START"), "{text}");
+            slid += 1;
+            for n in [listed[0], *listed.last().unwrap()] {
+                let seg = fetch(&gw, base, &format!("{n}.ts?iface=lo")).await;
+                assert_head(&seg, PMT, VIDEO, &format!("segment {n}"));
+            }
+        } else {
+            assert!(text.contains("#EXT-X-PLAYLIST-TYPE:EVENT\n"), "{text}");
+        }
+        before = p;
+    }
+    assert!(
+        slid >= 3,
+        "the range's start left the window {slid} reloads before the end"
+    );
+    // A range that began before anything this channel held is still refused.
+    let resp = gw
+        .get(&format!(
+            "{base}/index.m3u8?iface=lo&playseek={}",
+            begin - 600
+        ))
+        .await;
+    assert_eq!(resp.status(), 404);
+}
+
 /// Sends `ts` as RTP over about `secs` seconds (a live sender), from a thread.
 fn send_live(
     group: &'static str,

@@ -32,7 +32,7 @@ mod viewers;
 pub use fmp4::Container;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -238,6 +238,10 @@ pub struct Channel {
     rendered: render::Rendered,
     /// A timeshift channel's last whole-window playlist.
     timeshift: render::TimeshiftMemo,
+    /// A timeshift channel: the start (Unix ms) of the first segment its window held when a
+    /// catch-up range was asked for, the earliest; a range beginning from then on may have been
+    /// given to a player, which reloads it after its start has left the window.
+    ranges_since: AtomicI64,
 }
 
 impl Channel {
@@ -553,6 +557,11 @@ impl Iptv {
         // Its discontinuity sequence goes on from the ended one's too (RFC 8216 6.2.2: it
         // never goes back): every discontinuity of the ended window has left the new one.
         let (mut carried, mut carried_gone) = (0, 0);
+        // So do its fMP4 init numbers (an init named as one of the ended channel's would be
+        // taken for that one).
+        let mut converted = fmp4::Converted::default();
+        // And where the ranges it may have given began (a timeshift channel started again).
+        let mut ranges_since = i64::MAX;
         if let Some(c) = table.get(&shared) {
             // One that never started is tried again; one that ended is shown ended to its
             // viewers (`#EXT-X-ENDLIST`) until they go, unless the caller restarts it.
@@ -575,6 +584,10 @@ impl Iptv {
                     .iter()
                     .map(|(_, s)| u64::from(s.discontinuity))
                     .sum::<u64>();
+            // After the window's lock: the fMP4 state is locked before it elsewhere.
+            drop(w);
+            converted = fmp4::Converted::following(&c.fmp4);
+            ranges_since = c.ranges_since.load(Ordering::Acquire);
         }
         let peer = req.extensions.get::<std::net::SocketAddr>().copied();
         let sub = self
@@ -602,9 +615,10 @@ impl Iptv {
             catchup,
             hub: Mutex::new(Some(sub.hub.clone())),
             viewers: viewers::Viewers::default(),
-            fmp4: Arc::default(),
+            fmp4: Arc::new(converted),
             rendered: render::Rendered::new(self.hls.render.clone()),
             timeshift: render::TimeshiftMemo::default(),
+            ranges_since: AtomicI64::new(ranges_since),
         });
         if let Some(replaced) = table.insert(shared, channel.clone()) {
             // Its fMP4 rewrite stops: the new channel serves the key.
@@ -975,21 +989,56 @@ impl Iptv {
         // The window's records (at most `timeshift::MAX_SEGMENTS` of a few dozen bytes) go
         // before the write waits for anything.
         let listing = {
-            let (segments, _) = recorder.segments();
-            if segments.is_empty() {
+            let (segments, gone) = recorder.segments();
+            let (Some(first), Some(last)) = (segments.first(), segments.last()) else {
                 return super::text(StatusCode::GATEWAY_TIMEOUT, "no segment recorded yet\n");
-            }
+            };
+            // A range beginning at or after this was inside the window once (a range is first
+            // given when it begins inside the window, and the window only moves on).
+            let since = channel
+                .ranges_since
+                .fetch_min(first.wall_ms, Ordering::AcqRel)
+                .min(first.wall_ms);
             let begin = seek.begin.unix * 1000;
             let end = seek.end.map(|e| e.unix * 1000);
-            let Some((picked, offset)) = timeshift::range(&segments, begin, end) else {
-                return outside_window(&segments, begin);
-            };
-            let complete = end.is_some_and(|e| segments.last().is_some_and(|l| l.end_ms() >= e));
-            TimeshiftListing {
-                entries: picked.iter().map(timeshift_entry).collect(),
-                target,
-                gone: 0,
-                complete: Some((complete, offset)),
+            let complete = end.is_some_and(|e| last.end_ms() >= e);
+            match timeshift::range(&segments, begin, end) {
+                Some((picked, offset)) => {
+                    // The discontinuity sequence counts from the recording's start, as the
+                    // whole window's does: the same on every reload of the range, before and
+                    // after its first segments leave the window.
+                    let from = picked.first().map_or(0, |r| r.sequence);
+                    let before = segments
+                        .iter()
+                        .take_while(|r| r.sequence < from)
+                        .filter(|r| r.discontinuity)
+                        .count() as u64;
+                    TimeshiftListing {
+                        entries: picked.iter().map(timeshift_entry).collect(),
+                        target,
+                        gone: gone + before,
+                        shown: Shown::Range { complete, offset },
+                    }
+                }
+                // A player reloading the EVENT playlist of a range whose first segment has left
+                // the window since (it was answered 404, and playback stopped): the rest of the
+                // range, as a live window that slides.
+                None if since <= begin
+                    && begin < first.wall_ms
+                    && end.is_none_or(|e| e > first.wall_ms) =>
+                {
+                    TimeshiftListing {
+                        entries: segments
+                            .iter()
+                            .take_while(|r| end.is_none_or(|e| r.wall_ms < e))
+                            .map(timeshift_entry)
+                            .collect(),
+                        target,
+                        gone,
+                        shown: Shown::Slid { complete },
+                    }
+                }
+                None => return outside_window(&segments, begin),
             }
         };
         let wait = Duration::from_secs(target);
@@ -1126,9 +1175,23 @@ struct TimeshiftListing {
     target: u64,
     /// Discontinuities before the first entry.
     gone: u64,
-    /// A catch-up range: whether the window holds all of it (VOD, else EVENT), and where its
-    /// start is in the first segment (ms); `None` for the whole window (live).
-    complete: Option<(bool, u64)>,
+    shown: Shown,
+}
+
+/// What a timeshift playlist shows of the window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    /// All of it (live).
+    Window,
+    /// A catch-up range the window holds from its start on: EVENT (it only grows) until the
+    /// window holds all of it, then VOD; `offset` is where its start is in the first segment
+    /// (ms).
+    Range { complete: bool, offset: u64 },
+    /// A catch-up range whose first segments have left the window since it was first asked
+    /// for: the rest, as a live playlist (no playlist type: an EVENT one never loses a
+    /// segment), its media sequence moving with the window, ended once the window holds the
+    /// whole range.
+    Slid { complete: bool },
 }
 
 impl TimeshiftListing {
@@ -1140,10 +1203,17 @@ impl TimeshiftListing {
     }
 
     fn write(&self, query: &str) -> String {
-        let (ended, kind, start_ms) = match self.complete {
-            None => (false, Kind::Live, None),
-            Some((true, offset)) => (true, Kind::Vod, Some(offset)),
-            Some((false, offset)) => (false, Kind::Event, Some(offset)),
+        let (ended, kind, start_ms) = match self.shown {
+            Shown::Window => (false, Kind::Live, None),
+            Shown::Range {
+                complete: true,
+                offset,
+            } => (true, Kind::Vod, Some(offset)),
+            Shown::Range {
+                complete: false,
+                offset,
+            } => (false, Kind::Event, Some(offset)),
+            Shown::Slid { complete } => (complete, Kind::Live, None),
         };
         let window = playlist::Window {
             target: self.target,
@@ -1247,7 +1317,7 @@ async fn timeshift_window(
             entries: segments.iter().map(timeshift_entry).collect(),
             target,
             gone,
-            complete: None,
+            shown: Shown::Window,
         };
         (version, listing)
     };
@@ -1565,7 +1635,7 @@ mod tests {
                 .collect(),
             target: 4,
             gone: 0,
-            complete: None,
+            shown: Shown::Window,
         }
     }
 
@@ -1627,6 +1697,7 @@ mod tests {
             fmp4: Arc::default(),
             rendered: render::Rendered::new(shared),
             timeshift: render::TimeshiftMemo::default(),
+            ranges_since: AtomicI64::new(i64::MAX),
         }
     }
 

@@ -111,10 +111,46 @@ struct State {
     bytes: u64,
     /// Why the last segment that could not be written could not.
     error: Option<String>,
+    /// The numbers playlists name the init segments by (`init-<n>.mp4`).
+    inits: Inits,
     /// The channel left the HLS table (dropped for `catchup_total_bytes`, idle, or replaced):
     /// nothing more is queued or rewritten. The job under way stops at its next turn: it held
     /// the channel's segments and went on remuxing, uncounted, until it had written them all.
     closed: bool,
+}
+
+/// The numbers a channel's init segments go by: one number per init as it changes, counted
+/// over the channel's whole life, whatever writer made it. A writer numbers its own inits from
+/// 1: one made fresh (after a rewrite job failed, or a segment made the writer panic) named its
+/// first init `init-1.mp4` again, while the playlist went on, and a player holding the old
+/// `init-1.mp4` (or the channel answering with the first fragment's init of that number) got
+/// the wrong one. An init byte for byte the same as the last keeps its number; any other gets a
+/// new one, never one used before: the playlist's `EXT-X-MAP` changes exactly when the init
+/// does. A channel started again in place of an ended one goes on from that one's numbers
+/// ([`Converted::following`]).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Inits {
+    /// The last init given a number, and that number.
+    last: Option<(Bytes, u64)>,
+    /// The last number given.
+    given: u64,
+}
+
+impl Inits {
+    /// The number of `fragment`'s init (which it is given, with the bytes kept for it).
+    fn number(&mut self, fragment: &mut Fragment) {
+        match &self.last {
+            Some((bytes, n)) if *bytes == fragment.init => {
+                fragment.init = bytes.clone();
+                fragment.init_id = *n;
+            }
+            _ => {
+                self.given += 1;
+                fragment.init_id = self.given;
+                self.last = Some((fragment.init.clone(), self.given));
+            }
+        }
+    }
 }
 
 impl State {
@@ -170,6 +206,15 @@ impl State {
 }
 
 impl Converted {
+    /// The fMP4 state of a channel started in place of `ended` (its source came back): its
+    /// init numbers go on from the ended one's, whose playlist players may still hold.
+    pub(super) fn following(ended: &Converted) -> Converted {
+        let inits = registry::lock(&ended.state).inits.clone();
+        let converted = Converted::default();
+        registry::lock(&converted.state).inits = inits;
+        converted
+    }
+
     /// New segments of the channel (`oldest`: the first one its window still holds), queued
     /// for the rewrite when a viewer wants fMP4.
     pub(super) fn add(self: &Arc<Self>, segments: &[(u64, Segment)], oldest: u64) {
@@ -348,7 +393,11 @@ impl Converted {
         if error.is_some() {
             state.error = error;
         }
-        for (seq, fragment) in done {
+        for (seq, mut fragment) in done {
+            if let Some(f) = fragment.as_mut() {
+                // In sequence order: the writer's own number is its own (see `Inits`).
+                state.inits.number(f);
+            }
             state.bytes += fragment.as_ref().map_or(0, |f| f.media.len() as u64);
             state.fragments.push_back((seq, fragment));
         }
@@ -637,6 +686,103 @@ mod tests {
             "a closed channel queues nothing"
         );
         assert_eq!(gone.done(), Some(3));
+    }
+
+    /// One TS packet of `pid` (payload only, starting a unit) around `payload`, padded.
+    fn packet(pid: u16, payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0x47, 0x40 | (pid >> 8) as u8, pid as u8, 0x10];
+        p.extend_from_slice(payload);
+        assert!(p.len() <= 188, "one packet");
+        p.resize(188, 0);
+        p
+    }
+
+    /// A 33-bit timestamp as a PES header writes it (`prefix`: 3 for a PTS before a DTS, 1
+    /// for the DTS).
+    fn stamp(prefix: u8, t: u64) -> [u8; 5] {
+        [
+            prefix << 4 | ((t >> 29) & 0x0e) as u8 | 1,
+            (t >> 22) as u8,
+            ((t >> 14) & 0xfe) as u8 | 1,
+            (t >> 7) as u8,
+            ((t << 1) & 0xfe) as u8 | 1,
+        ]
+    }
+
+    /// Segment `n`: PAT, PMT (one H.264 stream, PID 0x100) and one IDR picture whose SPS ends
+    /// in `level` (another level, another init).
+    fn h264(n: u64, level: u8) -> (u64, Segment) {
+        let (_, mut seg) = segment(n);
+        let pat = [
+            0, 0x00, 0xb0, 13, 0, 1, 0xc1, 0, 0, 0, 1, 0xf0, 0x00, 0, 0, 0, 0,
+        ];
+        let pmt = [
+            0, 0x02, 0xb0, 18, 0, 1, 0xc1, 0, 0, 0xe1, 0x00, 0xf0, 0, 0x1b, 0xe1, 0x00, 0xf0, 0, 0,
+            0, 0, 0,
+        ];
+        let mut pes = vec![0, 0, 1, 0xe0, 0, 0, 0x80, 0xc0, 10];
+        pes.extend_from_slice(&stamp(3, seg.start));
+        pes.extend_from_slice(&stamp(1, seg.start));
+        pes.extend_from_slice(&[0, 0, 0, 1, 0x67, 0x42, 0x00, level, 0xab]);
+        pes.extend_from_slice(&[0, 0, 0, 1, 0x68, 0xce, 0x3c, 0x80]);
+        pes.extend_from_slice(&[0, 0, 0, 1, 0x65, 0x88, 0x84, 0x21, 0xa0]);
+        let mut data = packet(0, &pat);
+        data.extend(packet(0x1000, &pmt));
+        data.extend(packet(0x100, &pes));
+        seg.data = Bytes::from(data);
+        (n, seg)
+    }
+
+    /// The `mfhd` sequence number of a fragment (`moof` first, `mfhd` first in it).
+    fn mfhd(f: &Fragment) -> u32 {
+        assert_eq!(&f.media[4..8], b"moof");
+        assert_eq!(&f.media[12..16], b"mfhd");
+        u32::from_be_bytes(f.media[20..24].try_into().unwrap())
+    }
+
+    /// A fresh writer (a rewrite job that failed, a channel started again in place of an ended
+    /// one) numbers its inits from 1: the playlist went on naming `init-1.mp4`, the number of
+    /// another init, and that number's answer was the older init. The channel's numbers go on
+    /// instead: the same init keeps its number, another gets a new one; and every fragment's
+    /// `mfhd` number is its segment's (media sequence + 1), whichever writer made it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fresh_writer_goes_on_with_the_channels_init_numbers() {
+        let wait = std::time::Duration::from_secs(30);
+        let converted = Arc::new(Converted::default());
+        let window = vec![h264(0, 30), h264(1, 30), h264(2, 31), h264(3, 31)];
+        converted.want(|| (window, 0));
+        assert!(converted.settle(3, wait).await);
+        let fresh = |c: &Converted| registry::lock(&c.state).writer = Some(Writer::default());
+        // The job failed: a fresh writer (as `start` gives one) for the next segments.
+        fresh(&converted);
+        converted.add(&[h264(4, 31)], 0);
+        assert!(converted.settle(4, wait).await);
+        fresh(&converted);
+        converted.add(&[h264(5, 32)], 0);
+        assert!(converted.settle(5, wait).await);
+        assert_eq!(converted.error(), None);
+        let fragment = |c: &Converted, n| c.fragment(n).flatten().expect("written");
+        let (three, four) = (fragment(&converted, 3), fragment(&converted, 4));
+        assert_eq!(
+            four.init, three.init,
+            "the same stream, the same init bytes"
+        );
+        assert_eq!(
+            converted.listing(&[0, 1, 2, 3, 4, 5]),
+            (0, vec![1, 1, 2, 2, 2, 3]),
+            "init numbers as the playlist names them"
+        );
+        for n in 0..6 {
+            let f = fragment(&converted, n);
+            assert_eq!(converted.init(f.init_id), Some(f.init.clone()), "{n}");
+            assert_eq!(mfhd(&f), n as u32 + 1, "{n}");
+        }
+        // A channel started again in place of this one goes on from its numbers.
+        let next = Arc::new(Converted::following(&converted));
+        next.want(|| (vec![h264(6, 32), h264(7, 30)], 6));
+        assert!(next.settle(7, wait).await);
+        assert_eq!(next.listing(&[6, 7]), (0, vec![3, 4]));
+        assert_eq!(mfhd(&fragment(&next, 7)), 8);
     }
 
     /// Segments the rewrite has taken from the queue and is writing now are not settled: by

@@ -885,7 +885,7 @@ mod tests {
                 entries: Vec::new(),
                 target: 4,
                 gone: 0,
-                complete: None,
+                shown: super::super::Shown::Window,
             };
             (version, listing)
         };
