@@ -32,7 +32,7 @@ mod viewers;
 pub use fmp4::Container;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -238,11 +238,15 @@ pub struct Channel {
     rendered: render::Rendered,
     /// A timeshift channel's last whole-window playlist.
     timeshift: render::TimeshiftMemo,
-    /// A timeshift channel: the start (Unix ms) of the first segment its window held when a
-    /// catch-up range was asked for, the earliest; a range beginning from then on may have been
-    /// given to a player, which reloads it after its start has left the window.
-    ranges_since: AtomicI64,
+    /// A timeshift channel: the beginnings (Unix ms) of the catch-up ranges it answered from
+    /// the window, the last [`RANGES_KEPT`]: a player reloads such a range after its start has
+    /// left the window, and gets the rest of it (a range never answered, however recent its
+    /// start, is still refused when it begins before the window).
+    ranges: Mutex<VecDeque<i64>>,
 }
+
+/// Catch-up range beginnings a timeshift channel remembers ([`Channel::ranges`]): 8 bytes each.
+const RANGES_KEPT: usize = 256;
 
 impl Channel {
     fn touch(&self) {
@@ -557,11 +561,8 @@ impl Iptv {
         // Its discontinuity sequence goes on from the ended one's too (RFC 8216 6.2.2: it
         // never goes back): every discontinuity of the ended window has left the new one.
         let (mut carried, mut carried_gone) = (0, 0);
-        // So do its fMP4 init numbers (an init named as one of the ended channel's would be
-        // taken for that one).
-        let mut converted = fmp4::Converted::default();
-        // And where the ranges it may have given began (a timeshift channel started again).
-        let mut ranges_since = i64::MAX;
+        // And the catch-up ranges it answered (a timeshift channel started again).
+        let mut ranges = VecDeque::new();
         if let Some(c) = table.get(&shared) {
             // One that never started is tried again; one that ended is shown ended to its
             // viewers (`#EXT-X-ENDLIST`) until they go, unless the caller restarts it.
@@ -584,10 +585,8 @@ impl Iptv {
                     .iter()
                     .map(|(_, s)| u64::from(s.discontinuity))
                     .sum::<u64>();
-            // After the window's lock: the fMP4 state is locked before it elsewhere.
             drop(w);
-            converted = fmp4::Converted::following(&c.fmp4);
-            ranges_since = c.ranges_since.load(Ordering::Acquire);
+            ranges = registry::lock(&c.ranges).clone();
         }
         let peer = req.extensions.get::<std::net::SocketAddr>().copied();
         let sub = self
@@ -615,14 +614,18 @@ impl Iptv {
             catchup,
             hub: Mutex::new(Some(sub.hub.clone())),
             viewers: viewers::Viewers::default(),
-            fmp4: Arc::new(converted),
+            fmp4: Arc::default(),
             rendered: render::Rendered::new(self.hls.render.clone()),
             timeshift: render::TimeshiftMemo::default(),
-            ranges_since: AtomicI64::new(ranges_since),
+            ranges: Mutex::new(ranges),
         });
         if let Some(replaced) = table.insert(shared, channel.clone()) {
-            // Its fMP4 rewrite stops: the new channel serves the key.
+            // Its fMP4 rewrite stops: the new channel serves the key. Its init numbers go on
+            // in the new one (an init named as one of the ended channel's would be taken for
+            // that one), taken once it is closed, so a turn of its rewrite still under way
+            // numbers nothing more (its result is dropped).
             replaced.fmp4.close();
+            channel.fmp4.carry_inits(&replaced.fmp4);
         }
         drop(table);
         tokio::spawn(self.clone().segment(channel.clone(), sub));
@@ -993,12 +996,6 @@ impl Iptv {
             let (Some(first), Some(last)) = (segments.first(), segments.last()) else {
                 return super::text(StatusCode::GATEWAY_TIMEOUT, "no segment recorded yet\n");
             };
-            // A range beginning at or after this was inside the window once (a range is first
-            // given when it begins inside the window, and the window only moves on).
-            let since = channel
-                .ranges_since
-                .fetch_min(first.wall_ms, Ordering::AcqRel)
-                .min(first.wall_ms);
             let begin = seek.begin.unix * 1000;
             let end = seek.end.map(|e| e.unix * 1000);
             let complete = end.is_some_and(|e| last.end_ms() >= e);
@@ -1007,6 +1004,14 @@ impl Iptv {
                     // The discontinuity sequence counts from the recording's start, as the
                     // whole window's does: the same on every reload of the range, before and
                     // after its first segments leave the window.
+                    let mut answered = registry::lock(&channel.ranges);
+                    if !answered.contains(&begin) {
+                        if answered.len() == RANGES_KEPT {
+                            answered.pop_front();
+                        }
+                        answered.push_back(begin);
+                    }
+                    drop(answered);
                     let from = picked.first().map_or(0, |r| r.sequence);
                     let before = segments
                         .iter()
@@ -1020,11 +1025,11 @@ impl Iptv {
                         shown: Shown::Range { complete, offset },
                     }
                 }
-                // A player reloading the EVENT playlist of a range whose first segment has left
-                // the window since (it was answered 404, and playback stopped): the rest of the
-                // range, as a live window that slides.
-                None if since <= begin
-                    && begin < first.wall_ms
+                // A player reloading the EVENT playlist of a range answered before, whose first
+                // segment has left the window since (it was answered 404, and playback
+                // stopped): the rest of the range, as a live window that slides.
+                None if begin < first.wall_ms
+                    && registry::lock(&channel.ranges).contains(&begin)
                     && end.is_none_or(|e| e > first.wall_ms) =>
                 {
                     TimeshiftListing {
@@ -1697,7 +1702,7 @@ mod tests {
             fmp4: Arc::default(),
             rendered: render::Rendered::new(shared),
             timeshift: render::TimeshiftMemo::default(),
-            ranges_since: AtomicI64::new(i64::MAX),
+            ranges: Mutex::default(),
         }
     }
 

@@ -127,7 +127,7 @@ struct State {
 /// the wrong one. An init byte for byte the same as the last keeps its number; any other gets a
 /// new one, never one used before: the playlist's `EXT-X-MAP` changes exactly when the init
 /// does. A channel started again in place of an ended one goes on from that one's numbers
-/// ([`Converted::following`]).
+/// ([`Converted::carry_inits`]).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Inits {
     /// The last init given a number, and that number.
@@ -206,13 +206,11 @@ impl State {
 }
 
 impl Converted {
-    /// The fMP4 state of a channel started in place of `ended` (its source came back): its
+    /// For a channel started in place of `ended` (its source came back, `ended` closed): its
     /// init numbers go on from the ended one's, whose playlist players may still hold.
-    pub(super) fn following(ended: &Converted) -> Converted {
+    pub(super) fn carry_inits(&self, ended: &Converted) {
         let inits = registry::lock(&ended.state).inits.clone();
-        let converted = Converted::default();
-        registry::lock(&converted.state).inits = inits;
-        converted
+        registry::lock(&self.state).inits = inits;
     }
 
     /// New segments of the channel (`oldest`: the first one its window still holds), queued
@@ -778,7 +776,9 @@ mod tests {
             assert_eq!(mfhd(&f), n as u32 + 1, "{n}");
         }
         // A channel started again in place of this one goes on from its numbers.
-        let next = Arc::new(Converted::following(&converted));
+        converted.close();
+        let next = Arc::new(Converted::default());
+        next.carry_inits(&converted);
         next.want(|| (vec![h264(6, 32), h264(7, 30)], 6));
         assert!(next.settle(7, wait).await);
         assert_eq!(next.listing(&[6, 7]), (0, vec![3, 4]));
