@@ -396,6 +396,88 @@ async fn udp_transport_relays_the_source_bytes() {
     assert_eq!((rtp % 2, rtcp), (0, rtp + 1));
 }
 
+/// The value of the `name` series of the channel whose label ends with `channel`.
+fn channel_counter(metrics: &str, name: &str, channel: &str) -> u64 {
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(channel))
+        .unwrap_or_else(|| panic!("no {name} series for {channel}:\n{metrics}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// RTP over UDP of 3,020 bytes (16 TS packets) with `max_datagram_bytes = 4096`: every
+/// datagram was received into 2,048 bytes, cut there, and relayed as if whole (a packet and a
+/// half of each lost, the rest broken). Datagrams up to the bound come whole (the relayed
+/// bytes are the source's, byte for byte); one over it is dropped and counted as malformed,
+/// never cut to the bound and relayed.
+#[tokio::test]
+async fn udp_datagrams_up_to_max_datagram_bytes_come_whole() {
+    let server = RtspServer::start(&["--mtu", "3020"]);
+    let path = format!(
+        "/rtsp/127.0.0.1:{}/live?r2h-rtsp-transport=udp",
+        server.port
+    );
+    let channel = format!("{}/live", server.port);
+    let mut cfg = rtsp_config();
+    cfg.max_datagram_bytes = 4096;
+    // The hub (and its series) outlives the response.
+    cfg.linger_ms = 10_000;
+    let gw = Gateway::start(cfg).await;
+    let out = stream(&gw, &path, 150 * 1024).await;
+    let whole = out.len() / TS_PACKET * TS_PACKET;
+    let at = assert_slice_of_source(&out);
+    use sha2::Digest;
+    assert_eq!(
+        sha2::Sha256::digest(&out[..whole]),
+        sha2::Sha256::digest(&source_ts().1[at..at + whole]),
+    );
+    let metrics = gw.metrics();
+    let bytes = channel_counter(&metrics, "iptv_received_bytes_total", &channel);
+    let datagrams = channel_counter(&metrics, "iptv_received_datagrams_total", &channel);
+    // Mostly full packets of 16 TS packets: far beyond 2,048 bytes on average.
+    assert!(
+        datagrams > 0 && bytes / datagrams > 2048,
+        "{bytes} bytes in {datagrams} datagrams"
+    );
+    assert_eq!(
+        channel_counter(&metrics, "iptv_malformed_total", &channel),
+        0
+    );
+    drop(gw);
+
+    // The same stream over a bound of 2,048 bytes: its full datagrams are dropped as
+    // malformed, none relayed cut to the bound (the few short ones, a flush's, still pass).
+    let mut cfg = rtsp_config();
+    cfg.max_datagram_bytes = 2048;
+    cfg.linger_ms = 10_000;
+    let gw = Gateway::start(cfg).await;
+    let request = gw.spawn_get(&path);
+    // The series go with the hub, which ends when nothing has come for `no_data_timeout_ms`:
+    // read while the session plays.
+    let series = |name: &str| {
+        let metrics = gw.metrics();
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&channel))?
+            .to_string();
+        line.rsplit(' ').next()?.parse::<u64>().ok()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let (malformed, received) = loop {
+        let malformed = series("iptv_malformed_total").unwrap_or(0);
+        let received = series("iptv_received_datagrams_total").unwrap_or(0);
+        if malformed >= 20 || tokio::time::Instant::now() >= deadline {
+            break (malformed, received);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        malformed >= 20 && received < malformed,
+        "{malformed} malformed, {received} relayed"
+    );
+    request.abort();
+}
+
 #[tokio::test]
 async fn viewers_of_one_url_share_one_session() {
     let server = RtspServer::start(&[]);
@@ -1667,6 +1749,8 @@ async fn teardowns_a_server_never_answers_are_bounded() {
     )
     .await;
     let mut cfg = rtsp_config();
+    // No share, so no start rate: the client zaps as fast as it can (many clients could).
+    cfg.max_subscribers_per_client = 0;
     // Every unanswered TEARDOWN outlives the test.
     cfg.rtsp.timeout_ms = 30_000;
     cfg.rtsp.setup_timeout_ms = 30_000;
@@ -1732,6 +1816,87 @@ async fn teardowns_a_server_never_answers_are_bounded() {
             polite.requests.lock().unwrap()
         );
     }
+}
+
+/// `GET path` over a connection of its own from the source address `ip` (any of 127/8).
+async fn get_from_ip(gw: &Gateway, ip: &str, path: &str) -> Response<Incoming> {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+    let tcp = socket.connect(gw.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(path)
+        .header("host", "gw.test")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), send.send_request(req))
+        .await
+        .expect("response head within 10 s")
+        .unwrap()
+}
+
+/// Attack: a client asks for RTSP channel after channel and hangs up on each. Multicast starts
+/// were bounded per client in rate, RTSP ones not: at its share each request released its
+/// oldest channel at once, so the client made the gateway open (and tear down) one session
+/// per request, as fast as it could ask. RTSP starts now take from the same bucket: after a
+/// burst of 8 (the share is 2), the next is a 429 with `Retry-After`, and the server never
+/// hears of it; another client still plays.
+#[tokio::test]
+async fn rtsp_starts_are_bounded_per_client_in_rate() {
+    let server = PacedServer::start(Duration::ZERO).await;
+    let port = server.port;
+    let mut cfg = rtsp_config();
+    cfg.max_subscribers_per_client = 2;
+    let gw = Gateway::start(cfg).await;
+    let (mut statuses, mut refused) = (Vec::new(), None);
+    // Eight starts, then one every second: 16 requests would take 8 s to pass.
+    for i in 0..16 {
+        let resp = get_from_ip(&gw, "127.0.0.1", &format!("/rtsp/127.0.0.1:{port}/zap{i}")).await;
+        statuses.push(resp.status().as_u16());
+        if resp.status() != 200 {
+            refused = Some((i, resp));
+            break;
+        }
+        // Hung up on once answered.
+    }
+    let (i, resp) = refused.unwrap_or_else(|| panic!("never refused: {statuses:?}"));
+    assert!(i >= 8, "refused within the burst: {statuses:?}");
+    assert_eq!(resp.status(), 429, "{statuses:?}");
+    let retry_after: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&retry_after), "Retry-After: {retry_after}");
+    let body = body_text(resp).await;
+    assert!(
+        body.contains("this client is starting new channels too fast"),
+        "{body}"
+    );
+    assert!(
+        !server.saw(&format!("OPTIONS rtsp://127.0.0.1:{port}/zap{i}")),
+        "the refused start reached the server"
+    );
+    // Another client (another address) is not held back by the first one's starts.
+    let resp = get_from_ip(&gw, "127.0.0.2", &format!("/rtsp/127.0.0.1:{port}/other")).await;
+    assert_eq!(resp.status(), 200, "another client's channel");
+    let data = read_bytes(resp, TS_PACKET).await;
+    assert!(
+        data.len() >= TS_PACKET && data[0] == 0x47,
+        "{} bytes",
+        data.len()
+    );
+    let refused = gw
+        .metrics()
+        .lines()
+        .find(|l| l.starts_with("iptv_refused_total{") && l.contains("max_per_client"))
+        .map(str::to_string);
+    assert!(
+        refused.as_deref().is_some_and(|l| l.ends_with(" 1")),
+        "{refused:?}"
+    );
 }
 
 /// The session the server gave the SETUP of `path`, and the sessions TEARDOWN named so far.

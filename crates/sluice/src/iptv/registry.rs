@@ -8,10 +8,11 @@
 //! lingering group, an RTSP session still being set up after its viewer left): asking for
 //! channels and hanging up at once would otherwise hold `max_channels` for `linger_ms`.
 //!
-//! A client also starts multicast channels at a bounded rate (`Starts`): at its share, each
-//! new channel it asks for releases its oldest lingering one at once, so without a bound a
-//! client asking for new groups and hanging up made one IGMP join and one leave per request,
-//! as fast as it could ask, and every group left kept flowing for the routers' leave latency.
+//! A client also starts channels at a bounded rate (`Starts`): at its share, each new channel
+//! it asks for releases its oldest lingering one at once, so without a bound a client asking
+//! for new groups and hanging up made one IGMP join and one leave per request, as fast as it
+//! could ask, and every group left kept flowing for the routers' leave latency. An RTSP
+//! channel's start (a session set up on its server, and torn down) is bounded the same way.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -76,7 +77,8 @@ pub enum ClientLimit {
     /// `max_subscribers_per_client`: channels watched, and unwatched ones it started.
     #[error("this client is at its limit of {0} channels at once")]
     Channels(usize),
-    /// New multicast channels started faster than `per_window` per `START_WINDOW`.
+    /// New channels (multicast joins, RTSP sessions) started faster than `per_window` per
+    /// `START_WINDOW`.
     #[error(
         "this client is starting new channels too fast (at most {per_window} every {}s); try again in {retry_after} s",
         START_WINDOW.as_secs()
@@ -127,7 +129,7 @@ pub struct Registry {
     total: AtomicUsize,
     /// Subscriptions held per client address (`client_of`; entries leave at zero).
     clients: Mutex<HashMap<IpAddr, usize>>,
-    /// Multicast starts left per client address (`client_of`; full buckets are forgotten).
+    /// Channel starts left per client address (`client_of`; full buckets are forgotten).
     starts: Mutex<HashMap<IpAddr, Starts>>,
     next_id: AtomicU64,
     pub metrics: Metrics,
@@ -168,12 +170,15 @@ impl Registry {
         // Checked before a hub is started: one client must not make the gateway join groups
         // (or exhaust `max_channels`) beyond its share.
         let client = peer.map(|p| client_of(p.ip()));
-        // A multicast group this request would join: bounded per client in rate too (an RTSP
-        // session joins nothing, and its own places bound it).
-        let joins = key.rtsp.is_none() && !table.contains_key(&key);
+        // A channel this request would start: bounded per client in rate too. A multicast
+        // group's join, or an RTSP session (a connection, DESCRIBE, SETUP and PLAY to its
+        // server, and a TEARDOWN when released): before, RTSP starts were left out, and a
+        // client zapping through `/rtsp/` paths made one session per request, as fast as it
+        // could ask (each released at once at its share).
+        let starts = !table.contains_key(&key);
         if let Some(client) = client {
             self.check_share(client)?;
-            if joins {
+            if starts {
                 self.check_starts(client, Instant::now())?;
             }
             self.make_room(&mut table, client, &key)?;
@@ -208,7 +213,7 @@ impl Registry {
                 let hub = match started {
                     Ok(hub) => hub,
                     Err(e) => {
-                        if let (Some(client), true, true) = (client, joins, sent) {
+                        if let (Some(client), true, true) = (client, starts, sent) {
                             self.spend_start(client, Instant::now());
                         }
                         // No hub owns the series just made, and `unlink` never runs for it:
@@ -222,7 +227,7 @@ impl Registry {
                 // error) joined nothing, and must not bring the client nearer a 429 (but for
                 // `sent`, above). Checked
                 // and spent under this one table lock, so no other start comes between.
-                if let (Some(client), true) = (client, joins) {
+                if let (Some(client), true) = (client, starts) {
                     self.spend_start(client, Instant::now());
                 }
                 self.metrics.hubs.inc();

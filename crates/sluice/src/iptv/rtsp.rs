@@ -13,7 +13,7 @@ pub mod pump;
 pub mod request;
 pub mod session;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::atomic::AtomicU64;
@@ -161,10 +161,56 @@ pub struct Context {
     teardowns: tokio::sync::Semaphore,
     /// TEARDOWNs in flight by server (at most `MAX_TEARDOWNS_PER_SERVER` each).
     teardowns_by_server: Mutex<HashMap<std::net::IpAddr, usize>>,
-    /// Hubs whose session failed before any data, for the viewers waiting on them: each
-    /// hub's creation time, which tells it apart from a later hub at the same address. Only
+    /// Hubs whose session failed before any data, for the viewers waiting on them. Only
     /// the fact is kept; the reason went to the log, and viewers get [`FAILED`] whatever it was.
-    failures: Mutex<HashMap<usize, tokio::time::Instant>>,
+    failures: Mutex<Failures>,
+}
+
+/// How long a failure is kept for the viewers waiting on its hub (they wait at most
+/// `setup_timeout_ms + no_data_timeout_ms` after it, and ask as soon as they wake).
+const FAILURE_KEPT: Duration = Duration::from_secs(60);
+
+/// Hubs whose session failed: each by its address and creation time (which tells it apart from
+/// a later hub at the same address), and the same in the order they failed, so that those
+/// older than `FAILURE_KEPT` leave from the front. Before, each failure looked over every
+/// failure of the last minute under the lock: quadratic in the failure rate, which a client
+/// sets (any path of a server that refuses it, or of none).
+#[derive(Debug, Default)]
+struct Failures {
+    by_hub: HashMap<usize, tokio::time::Instant>,
+    /// `(failed at, hub, created)`, oldest first.
+    order: VecDeque<(tokio::time::Instant, usize, tokio::time::Instant)>,
+    /// Entries looked at to drop the old ones, over the whole life (the tests' measure of work).
+    #[cfg(test)]
+    looked_at: u64,
+}
+
+impl Failures {
+    /// Records the failure at `now` of the hub `id` created at `created`, after dropping the
+    /// failures older than `FAILURE_KEPT`: only those, and the first one kept, are looked at.
+    fn record(&mut self, id: usize, created: tokio::time::Instant, now: tokio::time::Instant) {
+        while let Some(&(failed, old, old_created)) = self.order.front() {
+            #[cfg(test)]
+            {
+                self.looked_at += 1;
+            }
+            if now.saturating_duration_since(failed) < FAILURE_KEPT {
+                break;
+            }
+            self.order.pop_front();
+            // A later hub at the same address may have failed since: its entry stays.
+            if self.by_hub.get(&old) == Some(&old_created) {
+                self.by_hub.remove(&old);
+            }
+        }
+        self.by_hub.insert(id, created);
+        self.order.push_back((now, id, created));
+    }
+
+    /// Whether the hub `id` created at `created` failed (in the last `FAILURE_KEPT`, or since).
+    fn failed(&self, id: usize, created: tokio::time::Instant) -> bool {
+        self.by_hub.get(&id) == Some(&created)
+    }
 }
 
 impl std::fmt::Debug for Context {
@@ -223,7 +269,7 @@ impl Context {
             next_private: AtomicU64::new(1),
             teardowns: tokio::sync::Semaphore::new(MAX_TEARDOWNS),
             teardowns_by_server: Mutex::new(HashMap::new()),
-            failures: Mutex::new(HashMap::new()),
+            failures: Mutex::new(Failures::default()),
         })
     }
 
@@ -231,19 +277,15 @@ impl Context {
     /// minute. The reason is the caller's to log: a server's words, up to a whole answer's
     /// worth per failure, are not worth a minute of memory when readers only ask whether.
     pub fn fail(&self, hub: &Hub) {
-        let mut failures = super::registry::lock(&self.failures);
-        failures.retain(|_, created| created.elapsed() < Duration::from_secs(60));
-        failures.insert(hub_id(hub), hub.created);
+        let now = tokio::time::Instant::now();
+        super::registry::lock(&self.failures).record(hub_id(hub), hub.created, now);
     }
 
     /// What viewers are told of `hub`'s failure ([`FAILED`]), if its session failed.
     fn failure(&self, hub: &Hub) -> Option<&'static str> {
         let failures = super::registry::lock(&self.failures);
         // The address alone could be a later hub's: the creation time tells them apart.
-        failures
-            .get(&hub_id(hub))
-            .filter(|created| **created == hub.created)
-            .map(|_| FAILED)
+        failures.failed(hub_id(hub), hub.created).then_some(FAILED)
     }
 }
 
@@ -496,6 +538,60 @@ mod tests {
             )
         );
         assert_eq!(key(&path, 3).label(), format!("{label} (catch-up #3)"));
+    }
+
+    /// Failures at a steady rate, 100 a second for 100 s: each looks at the one failure at
+    /// the front it keeps (and those it drops), never the whole minute's. Before, each looked
+    /// over every failure kept (up to 6,000 here): 42 million looks for these 10,000.
+    /// The list holds the last minute's failures, and a later hub at a reused address keeps
+    /// its own failure when the earlier one's leaves.
+    #[test]
+    fn failures_are_dropped_from_the_front_in_linear_work() {
+        let start = tokio::time::Instant::now();
+        let step = Duration::from_millis(10);
+        let mut failures = Failures::default();
+        let n = 10_000u32;
+        for i in 0..n {
+            failures.record(i as usize, start, start + step * i);
+            assert!(
+                failures.order.len() <= 6_001,
+                "{} kept",
+                failures.order.len()
+            );
+        }
+        assert!(
+            failures.looked_at <= 2 * u64::from(n),
+            "{} entries looked at for {n} failures",
+            failures.looked_at
+        );
+        assert_eq!(failures.order.len(), 6_000);
+        assert_eq!(failures.by_hub.len(), 6_000);
+        assert!(failures.failed(n as usize - 1, start));
+        assert!(failures.failed(n as usize - 6_000, start));
+        assert!(
+            !failures.failed(n as usize - 6_001, start),
+            "older than a minute"
+        );
+        assert!(!failures.failed(0, start));
+
+        // The address of a hub that failed is reused by a later hub, which fails too.
+        let mut failures = Failures::default();
+        let (first, second) = (start, start + Duration::from_secs(30));
+        failures.record(7, first, first);
+        failures.record(7, second, second);
+        assert!(failures.failed(7, second) && !failures.failed(7, first));
+        // The first failure leaves; the second stays, a minute after its own failure.
+        failures.record(8, second, first + FAILURE_KEPT);
+        assert!(
+            failures.failed(7, second),
+            "the later hub's failure was dropped"
+        );
+        assert!(failures.failed(8, second));
+        failures.record(9, second, second + FAILURE_KEPT);
+        assert!(!failures.failed(7, second));
+        assert!(failures.failed(8, second) && failures.failed(9, second));
+        assert_eq!(failures.by_hub.len(), 2);
+        assert_eq!(failures.order.len(), 2);
     }
 
     #[test]

@@ -10,6 +10,8 @@ User-Agent headers) so a test can check exactly what the client sent.
 --drop-after S closes every client connection S seconds after the first PLAY (a server that
 drops the session mid-stream). --session-timeout S makes sessions expire unless kept alive.
 --redirect PATH=URL answers DESCRIBE of PATH with 302 and that Location.
+--mtu N makes /live and /archive send RTP packets of up to N bytes (rtpmp2tpay's `mtu`: as
+many whole TS packets as fit after the 12-byte RTP header; 3020 gives 16 of them).
 
 --mp4 FILE adds two seekable mounts over an H.264 MP4 (qtdemux seeks it by time, and the
 video is re-muxed to MPEG-TS): /vod, where GStreamer honours `Range: npt=` itself, and
@@ -91,6 +93,7 @@ def main():
     ap.add_argument("--redirect", action="append", default=[])
     ap.add_argument("--mp4")
     ap.add_argument("--recorded-at", default="20240101T120000Z")
+    ap.add_argument("--mtu", type=int, default=0)
     args = ap.parse_args()
 
     Gst.init(None)
@@ -98,9 +101,10 @@ def main():
     server.set_address("127.0.0.1")
     server.set_service("0")
     mounts = server.get_mount_points()
+    mtu = f" mtu={args.mtu}" if args.mtu else ""
     launch = (
         f'( filesrc location="{args.ts}" ! tsparse set-timestamps=true '
-        "! rtpmp2tpay name=pay0 pt=33 )"
+        f"! rtpmp2tpay name=pay0 pt=33{mtu} )"
     )
     mounts_list = [("/live", True, launch), ("/archive", False, launch)]
     if args.mp4:

@@ -115,6 +115,8 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
         }
     };
     tracing::info!(channel = %label, keepalive_secs = session.keepalive.as_secs(), "RTSP session playing");
+    // Over UDP, datagrams up to the bound come whole, larger ones are dropped by `take_datagram`.
+    session.set_max_datagram(settings.max_datagram);
     let mut pump = Pump::new(hub.clone(), settings.clone(), 0);
     let mut tick = tokio::time::interval(settings.flush_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

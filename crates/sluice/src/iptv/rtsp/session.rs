@@ -111,6 +111,9 @@ pub struct Session {
     /// UDP datagrams taken by the last `receive`, back to back, and their lengths.
     udp_data: Vec<u8>,
     udp_lens: Vec<usize>,
+    /// Where each UDP datagram is received: one byte more than the largest taken
+    /// (`set_max_datagram`), so that a larger one shows by its length instead of being cut.
+    udp_scratch: Vec<u8>,
 }
 
 /// The outcome of the setup on one server.
@@ -119,8 +122,8 @@ enum Setup {
     Redirect(String),
 }
 
-/// Largest RTP datagram taken over UDP.
-const MAX_DATAGRAM: usize = 2048;
+/// Largest RTP datagram taken over UDP until `set_max_datagram` says otherwise.
+const DEFAULT_MAX_DATAGRAM: usize = 2048;
 /// Datagrams taken per UDP wakeup.
 const UDP_BATCH: usize = 32;
 
@@ -212,6 +215,7 @@ impl Session {
             media: Media::Interleaved { channel: 0 },
             udp_data: Vec::new(),
             udp_lens: Vec::new(),
+            udp_scratch: vec![0; DEFAULT_MAX_DATAGRAM + 1],
         }
     }
 
@@ -427,6 +431,15 @@ impl Session {
         Ok(())
     }
 
+    /// Takes UDP datagrams of up to `max` bytes whole (`iptv.max_datagram_bytes`, as the
+    /// multicast receiver does). One larger is received as `max + 1` bytes and handed on like
+    /// that, for the pump to drop and count as malformed (`Pump::take_datagram`): before, every
+    /// datagram was received into 2,048 bytes, so with `max_datagram_bytes` above that a larger
+    /// one was cut there and relayed as if whole, a broken packet in the stream.
+    pub fn set_max_datagram(&mut self, max: usize) {
+        self.udp_scratch = vec![0; max.saturating_add(1)];
+    }
+
     /// Waits for more data (cancel-safe: nothing is lost if the future is dropped, neither
     /// data read nor replies queued). Then call `drain`.
     pub async fn receive(&mut self) -> Result<(), SessionError> {
@@ -439,18 +452,18 @@ impl Session {
             }
             Media::Udp { rtp, server, .. } => {
                 let server = *server;
-                let mut scratch = [0u8; MAX_DATAGRAM];
+                let scratch = &mut self.udp_scratch;
                 tokio::select! {
                     read = self.conn.read_buf(&mut self.buf) => {
                         if read? == 0 {
                             return Err(SessionError::Closed);
                         }
                     }
-                    got = rtp.recv_from(&mut scratch) => {
+                    got = rtp.recv_from(scratch) => {
                         let (n, from) = got?;
                         keep_datagram(&mut self.udp_data, &mut self.udp_lens, &scratch[..n], from, server);
                         for _ in 1..UDP_BATCH {
-                            match rtp.try_recv_from(&mut scratch) {
+                            match rtp.try_recv_from(scratch) {
                                 Ok((n, from)) => keep_datagram(&mut self.udp_data, &mut self.udp_lens, &scratch[..n], from, server),
                                 Err(_) => break,
                             }
