@@ -292,3 +292,74 @@ async fn reload_keeps_server_health_and_is_all_or_nothing() {
         (StatusCode::OK, "good".to_string())
     );
 }
+
+/// An origin with uWSGI's default `buffer-size` (4096): a request head over 4 KiB has its
+/// connection closed unanswered; any other request gets 200 and `name`.
+async fn small_head_origin(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut chunk = [0u8; 1024];
+                loop {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+                    }
+                    if head.len() > 4096 {
+                        return;
+                    }
+                    if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}",
+                    name.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// Finding: passive ejection could empty a group. Requests with a head the origins drop (a
+/// 5 KiB `Cookie` to uWSGI's 4 KiB buffer) failed on each server in turn (the GET is replayed),
+/// each failure booked, until every server was ejected and everyone got 503 for
+/// `fail_timeout_secs`. Passive ejection alone now never empties the plan: with every server
+/// ejected the ones the active check (none here) calls up are still tried.
+#[tokio::test]
+async fn heads_an_origin_drops_cannot_take_every_server_out() {
+    let (a, b) = (small_head_origin("a").await, small_head_origin("b").await);
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_config(
+        &dir,
+        &format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[upstreams]]\nname = \"web\"\n\
+             servers = [\"{a}\", \"{b}\"]\nmax_fails = 1\nfail_timeout_secs = 60\n\n\
+             [[routes]]\npath = \"/\"\nupstream = \"web\"\n"
+        ),
+    );
+    let s = Running::start(&file).await;
+    let group = Arc::clone(s.app.groups().current().get("web").unwrap());
+    let cookie = format!("session={}", "x".repeat(5 * 1024));
+    let url = format!("http://{}/big", s.addr);
+    for _ in 0..10 {
+        if group.servers().iter().all(|s| s.is_ejected()) {
+            break;
+        }
+        let r = reverse_support::get(&url, &[("cookie", &cookie)]).await;
+        assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{r:?}");
+    }
+    assert!(
+        group.servers().iter().all(|s| s.is_ejected()),
+        "the big heads ejected every server"
+    );
+    // A normal request is still served by one of them (it was a 503 `no_healthy_upstream`).
+    let (status, body) = s.get("/normal").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body == "a" || body == "b", "{body}");
+}

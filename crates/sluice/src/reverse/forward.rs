@@ -2,6 +2,7 @@
 //! headers, forwarding headers, Host), the attempts across the group's servers ([`Reverse::fetch`],
 //! the one place a cache layer sits in front of), and the response head back to the client.
 
+use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,7 @@ use super::{Reverse, Route};
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::runtime::recent::{self, recent};
+use crate::upstream::group::health::is_local_failure;
 use crate::upstream::group::{InFlight, Server};
 
 /// The `PURGE` credential field (`cache::purge`).
@@ -123,6 +125,10 @@ pub enum FetchError {
     Refused { group: String },
     #[error("upstream group {group:?}: connecting timed out")]
     ConnectTimeout { group: String },
+    /// This process is out of its own resources (descriptors, memory, local ports) to reach
+    /// the server with: not the server's failure, so booked on none.
+    #[error("upstream group {group:?}: out of local resources: {source}")]
+    Local { group: String, source: io::Error },
     #[error("upstream server {server} sent no response head within {secs} s")]
     HeaderTimeout { server: String, secs: u64 },
     #[error("upstream server {server} failed: {detail}")]
@@ -150,6 +156,19 @@ impl FetchError {
             FetchError::Refused { .. } => (StatusCode::BAD_GATEWAY, "upstream_refused"),
             FetchError::ConnectTimeout { .. } => {
                 (StatusCode::GATEWAY_TIMEOUT, "upstream_connect_timeout")
+            }
+            FetchError::Local { .. } => {
+                // Sluice's own state, as the TCP listeners count it (`local_resources`).
+                if let Some(suppressed) = NO_HEAD_WARNINGS.allow_now() {
+                    tracing::warn!(kind = "local_resources", error = %self, suppressed,
+                        "reverse proxy: out of local resources");
+                }
+                return ProxyError::new(
+                    Side::Internal,
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "local_resources",
+                    "the proxy is out of resources for now".to_string(),
+                );
             }
             FetchError::HeaderTimeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "upstream_timeout"),
             FetchError::Broken { .. } => (StatusCode::BAD_GATEWAY, "upstream_failed"),
@@ -898,6 +917,11 @@ where
                 plan.spend_trial(index);
                 return Err(e);
             }
+            // This side's failure (out of descriptors, say), not the server's: booked on
+            // none (a client filling the descriptor table would eject every server), and not
+            // tried on another (it would fail the same way). A recovery trial the plan holds is
+            // given back when it drops: the server was never reached.
+            Ok(Err(AttemptFailure::Failed(e @ FetchError::Local { .. }))) => return Err(e),
             Ok(Err(AttemptFailure::Failed(e))) => e,
             Err(_) => {
                 if let Some(fault) = body.and_then(|b| b.client_fault(true)) {
@@ -1133,11 +1157,28 @@ fn classify(e: &SendFailure, group: &str, server: &Server) -> FetchError {
     }
 }
 
+/// A connect failure as the attempt loop books it: a timeout, this side's own exhaustion
+/// ([`FetchError::Local`]: descriptors, memory, local ports, on the connect or on the lookup of
+/// the server's name; booked on no server), or the server's refusal.
 pub(super) fn connect_failure(cf: &ConnectFailure, group: &str) -> FetchError {
     match cf {
         ConnectFailure::Timeout { .. } => FetchError::ConnectTimeout {
             group: group.to_string(),
         },
+        ConnectFailure::Resolve { source, .. }
+        | ConnectFailure::Refused { source, .. }
+        | ConnectFailure::Tls { source, .. }
+            if is_local_failure(source) =>
+        {
+            let source = match source.raw_os_error() {
+                Some(code) => io::Error::from_raw_os_error(code),
+                None => io::Error::new(source.kind(), source.to_string()),
+            };
+            FetchError::Local {
+                group: group.to_string(),
+                source,
+            }
+        }
         _ => FetchError::Refused {
             group: group.to_string(),
         },
@@ -1401,6 +1442,113 @@ mod tests {
                 .unwrap_or_default()
         ))
         .unwrap()
+    }
+
+    fn failed_with(code: i32, resolve: bool) -> ConnectFailure {
+        let (addr, source) = ("a.test:1".to_string(), io::Error::from_raw_os_error(code));
+        match resolve {
+            true => ConnectFailure::Resolve { addr, source },
+            false => ConnectFailure::Refused { addr, source },
+        }
+    }
+
+    /// Finding: every connect error but a timeout was the server's refusal, booked on it,
+    /// EMFILE included (on the connect, or on the lookup of its name): a client that filled the
+    /// descriptor table ejected every server. This side's exhaustion is now its own kind,
+    /// answered 503 `local_resources` (the proxy's state, as the TCP listeners count it).
+    #[test]
+    fn connect_failures_of_this_side_are_local() {
+        let local = [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::ENOMEM,
+            libc::EADDRNOTAVAIL,
+        ];
+        for code in local {
+            for resolve in [false, true] {
+                let e = connect_failure(&failed_with(code, resolve), "app");
+                assert!(matches!(e, FetchError::Local { .. }), "{code}: {e}");
+            }
+        }
+        for code in [libc::ECONNREFUSED, libc::EHOSTUNREACH, libc::ECONNRESET] {
+            let e = connect_failure(&failed_with(code, false), "app");
+            assert!(matches!(e, FetchError::Refused { .. }), "{code}: {e}");
+        }
+        let e = connect_failure(&failed_with(libc::EMFILE, false), "app").into_proxy_error();
+        assert_eq!(
+            (e.status, e.kind, e.side),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "local_resources",
+                Side::Internal
+            )
+        );
+        // The client learns neither the group nor the server.
+        assert!(!e.message.contains("app") && !e.message.contains("a.test"));
+    }
+
+    /// The attempt loop books a local failure on no server and tries no other (it would fail
+    /// the same way); a server's refusal, for contrast, is booked and the next server tried.
+    #[tokio::test]
+    async fn the_attempt_loop_books_a_local_failure_on_no_server() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let config: crate::upstream::group::GroupConfig = toml::from_str(
+            "name = \"app\"\nservers = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nmax_fails = 1\n",
+        )
+        .unwrap();
+        let group = Arc::new(crate::upstream::group::Group::new(&config).unwrap());
+        let metrics = super::super::metrics::ReverseMetrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        );
+        let route = Arc::new(
+            Route::new(
+                &route("/", false, None),
+                Arc::clone(&group),
+                &super::super::ReverseConfig::default(),
+                None,
+                1,
+                &metrics,
+            )
+            .unwrap(),
+        );
+        let budget = super::super::budget::RetryBudget::new(100, 100);
+        let run = |code: i32| {
+            let (route, budget, tried) = (&route, &budget, AtomicUsize::new(0));
+            async move {
+                let out = attempt_loop::<(), _, _>(
+                    budget,
+                    route,
+                    None,
+                    true,
+                    (None, HeadClock::Timer),
+                    |_, _, _| {
+                        tried.fetch_add(1, Ordering::Relaxed);
+                        let cf = failed_with(code, false);
+                        Some(
+                            async move { Err(AttemptFailure::Failed(connect_failure(&cf, "app"))) },
+                        )
+                    },
+                )
+                .await;
+                (out.err().unwrap(), tried.load(Ordering::Relaxed))
+            }
+        };
+        for code in [libc::EMFILE, libc::ENFILE, libc::EADDRNOTAVAIL] {
+            for _ in 0..5 {
+                let (e, tried) = run(code).await;
+                assert!(matches!(e, FetchError::Local { .. }), "{e}");
+                assert_eq!(tried, 1);
+            }
+        }
+        for s in group.servers() {
+            assert_eq!((s.failures(), s.ejections()), (0, 0), "{}", s.addr());
+            assert!(s.is_usable());
+        }
+        let (e, tried) = run(libc::ECONNREFUSED).await;
+        assert!(matches!(e, FetchError::Refused { .. }), "{e}");
+        assert_eq!(tried, 2);
+        assert!(group.servers().iter().all(|s| s.is_ejected()));
     }
 
     #[test]

@@ -17,6 +17,7 @@ use super::metrics::{EndLabels, RefusedLabels, ServerLabels};
 use super::share::Place;
 use super::{Settings, Shared};
 use crate::net::splice::{self, Direction, RelayError, Side};
+use crate::upstream::group::health::is_local_exhaustion;
 use crate::upstream::group::{Balance, Group, InFlight, Plan};
 use crate::upstream::happy;
 
@@ -481,13 +482,6 @@ async fn pump(
             }
         }
     }
-}
-
-fn is_local_exhaustion(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-    )
 }
 
 /// Resolves once no byte moved either way for `idle`.

@@ -271,8 +271,10 @@ impl Group {
     }
 
     /// The order to try servers in for one request or connection: the balanced choice first, then
-    /// the other usable primaries; backups only when no primary is usable. Empty when nothing is
-    /// usable. `key` is the hash input when the group balances by hash (without one, round robin).
+    /// the other usable primaries; backups only when no primary is usable. When no server at all
+    /// is usable, the primaries the active check calls up (all of them without a check), ejected
+    /// or not: passive ejection alone never empties the plan, only the active check does. `key`
+    /// is the hash input when the group balances by hash (without one, round robin).
     ///
     /// A server whose ejection has just expired is let back for one trial: it goes first in exactly
     /// one plan, and its outcome decides whether it stays. A plan dropped before the trial's
@@ -316,6 +318,25 @@ impl Group {
                 order.as_mut_slice(),
                 self.next.fetch_add(1, Ordering::Relaxed),
             );
+        }
+        if order.len() == 0 {
+            // Nothing usable: passive ejection alone never empties a plan (as nginx forgets its
+            // failure counts when every server failed, and Envoy's panic threshold routes to
+            // every host). Failures booked by traffic a client chose (heads an origin drops, say)
+            // could otherwise take out every server and answer 503 to everyone; so the primaries
+            // the active check still calls up (every one without a check) are tried, ejected or
+            // not. Only the active check can leave a group with no server.
+            let mut up = Marks::new(self.servers.len());
+            let mut live = 0;
+            for &i in &self.primaries {
+                if self.servers[i].is_healthy() {
+                    up.set(i);
+                    live += 1;
+                }
+            }
+            if live > 0 {
+                self.order_primaries(key, &up, live, &mut order);
+            }
         }
         if let Some(t) = &trial {
             let order = order.as_mut_slice();

@@ -378,6 +378,15 @@ fn build(
 fn plain(e: &hickory_resolver::ResolveError) -> io::Error {
     use hickory_resolver::proto::ProtoErrorKind;
     use io::ErrorKind;
+    // An I/O error of this host's (EMFILE opening the query's socket, say) is kept as the OS
+    // error it is: callers tell this side's exhaustion, booked on no server, from a server's
+    // failure by its code.
+    if let Some(ProtoErrorKind::Io(io)) = e.proto().map(|p| p.kind()) {
+        if let Some(code) = io.raw_os_error() {
+            tracing::debug!(error = %e, "name resolution failed");
+            return io::Error::from_raw_os_error(code);
+        }
+    }
     let (kind, text) = match e.proto().map(|p| p.kind()) {
         _ if e.is_nx_domain() => (ErrorKind::NotFound, "no such name in DNS"),
         Some(ProtoErrorKind::NoRecordsFound { .. }) => {
@@ -415,6 +424,29 @@ mod tests {
         let local = r.lookup("LocalHost.", 82).await.unwrap();
         assert!(local.contains(&"127.0.0.1:82".parse().unwrap()));
         assert!(local.iter().all(|a| a.ip().is_loopback()));
+    }
+
+    /// Finding: `plain` gave every resolver I/O error the same words and no OS code, so a
+    /// lookup that failed for want of a descriptor (EMFILE) looked like an unreachable DNS
+    /// server, and the callers that book such failures on no server never saw it. The OS error
+    /// is now kept; the others keep their plain words.
+    #[cfg(feature = "dns")]
+    #[test]
+    fn resolver_io_errors_keep_their_os_code() {
+        use hickory_resolver::ResolveError;
+        let emfile = ResolveError::from(io::Error::from_raw_os_error(libc::EMFILE));
+        assert_eq!(plain(&emfile).raw_os_error(), Some(libc::EMFILE));
+        let refused = ResolveError::from(io::Error::from_raw_os_error(libc::ECONNREFUSED));
+        assert_eq!(plain(&refused).raw_os_error(), Some(libc::ECONNREFUSED));
+        let timeout = ResolveError::from(io::Error::from(io::ErrorKind::TimedOut));
+        let e = plain(&timeout);
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(e.to_string(), "the DNS server did not answer");
+        let other = ResolveError::from(io::Error::other("no route"));
+        assert_eq!(
+            plain(&other).to_string(),
+            "the DNS server could not be reached"
+        );
     }
 
     /// A name added to the hosts file (or moved to another address) is answered from the new file

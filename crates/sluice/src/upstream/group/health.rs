@@ -2,11 +2,13 @@
 //! every interval and flips the server's healthy flag after `fall` failures or `rise` successes in a
 //! row. The checker only flips flags; readers never wait on it.
 
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 use super::{Groups, Server};
@@ -135,47 +137,126 @@ pub fn spawn(groups: &Groups) -> HealthChecks {
 
 async fn run(server: Arc<Server>, config: HealthCheckConfig, group: String) {
     let interval = Duration::from_secs(config.interval_secs);
-    let timeout = Duration::from_secs(config.timeout_secs);
-    let (mut ok_run, mut fail_run) = (0u32, 0u32);
+    let mut runs = Runs::default();
     loop {
-        let result = match tokio::time::timeout(timeout, check(&server, &config)).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("no answer within {} s", config.timeout_secs)),
-        };
+        let result = probe(&server, &config, dial).await;
+        runs.record(&server, &config, &group, result);
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// Whether `e` says this process is out of its own resources (descriptors, socket buffers,
+/// memory): nothing about the peer it was talking to, so never counted against it.
+pub fn is_local_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// Whether a failure to reach a server is this side's, not the server's: local exhaustion
+/// ([`is_local_exhaustion`]) or no local address/port to connect from (`EADDRNOTAVAIL`). Such a
+/// failure gives no verdict on the server's health.
+pub fn is_local_failure(e: &io::Error) -> bool {
+    is_local_exhaustion(e) || e.raw_os_error() == Some(libc::EADDRNOTAVAIL)
+}
+
+/// A checker's runs of successes and failures for one server.
+#[derive(Debug, Default)]
+struct Runs {
+    ok: u32,
+    fail: u32,
+}
+
+impl Runs {
+    /// Counts one check's `result` and flips the server after `rise` or `fall` in a row. A check
+    /// that failed on this side ([`is_local_failure`]: a full descriptor table, say, which any
+    /// client can bring about) is no verdict: neither run moves, so it can neither take a
+    /// healthy server out nor bring a down one back.
+    fn record(
+        &mut self,
+        server: &Server,
+        config: &HealthCheckConfig,
+        group: &str,
+        result: io::Result<()>,
+    ) {
         match result {
             Ok(()) => {
-                fail_run = 0;
-                ok_run = ok_run.saturating_add(1);
-                if !server.is_healthy() && ok_run >= config.rise {
+                self.fail = 0;
+                self.ok = self.ok.saturating_add(1);
+                if !server.is_healthy() && self.ok >= config.rise {
                     tracing::info!(%group, server = server.addr(), "health check: server up");
                     server.set_healthy(true);
                 }
             }
+            Err(e) if is_local_failure(&e) => {
+                tracing::warn!(%group, server = server.addr(), error = %e,
+                    "health check: out of local resources, no verdict");
+            }
             Err(why) => {
-                ok_run = 0;
-                fail_run = fail_run.saturating_add(1);
-                if server.is_healthy() && fail_run >= config.fall {
+                self.ok = 0;
+                self.fail = self.fail.saturating_add(1);
+                if server.is_healthy() && self.fail >= config.fall {
                     tracing::warn!(%group, server = server.addr(), %why, "health check: server down");
                     server.set_healthy(false);
                 }
             }
         }
-        tokio::time::sleep(interval).await;
     }
 }
 
-async fn check(server: &Server, config: &HealthCheckConfig) -> Result<(), String> {
+/// How a check dials its server: through the shared resolver and Happy Eyeballs, as requests do.
+async fn dial(addr: String, attempt: Duration) -> io::Result<TcpStream> {
+    happy::connect_name(&addr, attempt).await
+}
+
+/// One check within the check's timeout; `connect` dials the server (its address and the budget
+/// of one of its addresses): [`dial`] but in tests.
+async fn probe<F, Fut>(server: &Server, config: &HealthCheckConfig, connect: F) -> io::Result<()>
+where
+    F: FnOnce(String, Duration) -> Fut,
+    Fut: std::future::Future<Output = io::Result<TcpStream>>,
+{
+    let timeout = Duration::from_secs(config.timeout_secs);
+    match tokio::time::timeout(timeout, check(server, config, connect)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no answer within {} s", config.timeout_secs),
+        )),
+    }
+}
+
+/// A failure of the check's own making (no I/O error underneath), with its words.
+fn failed(text: String) -> io::Error {
+    io::Error::other(text)
+}
+
+/// Adds what was being done to an I/O error's words, keeping its kind and, when it has one, its
+/// OS code (which [`is_local_failure`] reads).
+fn doing(what: &'static str) -> impl FnOnce(io::Error) -> io::Error {
+    move |e| match e.raw_os_error() {
+        Some(_) => e,
+        None => io::Error::new(e.kind(), format!("{what}: {e}")),
+    }
+}
+
+async fn check<F, Fut>(server: &Server, config: &HealthCheckConfig, connect: F) -> io::Result<()>
+where
+    F: FnOnce(String, Duration) -> Fut,
+    Fut: std::future::Future<Output = io::Result<TcpStream>>,
+{
     // Through the shared resolver and Happy Eyeballs, as requests dial: each address may use
     // half the check's budget, so a silent first address leaves the next its turn.
     let attempt = (Duration::from_secs(config.timeout_secs) / 2).max(happy::STAGGER);
-    let mut stream = happy::connect_name(server.addr(), attempt)
+    let mut stream = connect(server.addr().to_string(), attempt)
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(doing("connect"))?;
     if config.send_proxy {
         stream
             .write_all(&sluice_http::proxy_protocol::encode_v2_local())
             .await
-            .map_err(|e| format!("send: {e}"))?;
+            .map_err(doing("send"))?;
     }
     if config.kind == CheckKind::Tcp {
         return Ok(());
@@ -188,21 +269,18 @@ async fn check(server: &Server, config: &HealthCheckConfig) -> Result<(), String
     stream
         .write_all(request.as_bytes())
         .await
-        .map_err(|e| format!("send: {e}"))?;
+        .map_err(doing("send"))?;
     // The status line is all we need; read until its end or 1 KiB.
     let mut buf = Vec::with_capacity(256);
     let mut chunk = [0u8; 256];
     while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 1024 {
-        let n = stream
-            .read(&mut chunk)
-            .await
-            .map_err(|e| format!("read: {e}"))?;
+        let n = stream.read(&mut chunk).await.map_err(doing("read"))?;
         if n == 0 {
             break;
         }
         buf.extend_from_slice(&chunk[..n]);
     }
-    let status = parse_status(&buf).ok_or_else(|| "no HTTP status line".to_string())?;
+    let status = parse_status(&buf).ok_or_else(|| failed("no HTTP status line".to_string()))?;
     let good = match config.expect_status {
         Some(want) => status == want,
         None => (200..400).contains(&status),
@@ -210,7 +288,7 @@ async fn check(server: &Server, config: &HealthCheckConfig) -> Result<(), String
     if good {
         Ok(())
     } else {
-        Err(format!("status {status}"))
+        Err(failed(format!("status {status}")))
     }
 }
 
@@ -248,7 +326,82 @@ mod tests {
         let group = super::super::Group::new(&config).unwrap();
         let check = config.health_check.clone().unwrap();
         let server = group.servers()[0].clone();
-        super::check(&server, &check).await.unwrap();
+        super::check(&server, &check, super::dial).await.unwrap();
+    }
+
+    fn os(code: i32) -> std::io::Error {
+        std::io::Error::from_raw_os_error(code)
+    }
+
+    #[test]
+    fn local_failures_are_told_from_the_servers() {
+        use super::{is_local_exhaustion, is_local_failure};
+        for code in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM] {
+            assert!(is_local_exhaustion(&os(code)), "{code}");
+            assert!(is_local_failure(&os(code)), "{code}");
+        }
+        assert!(!is_local_exhaustion(&os(libc::EADDRNOTAVAIL)));
+        assert!(is_local_failure(&os(libc::EADDRNOTAVAIL)));
+        for code in [
+            libc::ECONNREFUSED,
+            libc::ETIMEDOUT,
+            libc::ECONNRESET,
+            libc::EHOSTUNREACH,
+        ] {
+            assert!(!is_local_failure(&os(code)), "{code}");
+        }
+        assert!(!is_local_failure(&std::io::Error::other("status 500")));
+    }
+
+    /// Finding: a check's connect error became a string and counted toward `fall`, EMFILE
+    /// included, so a client that filled the descriptor table (with `[[tcp]]` connections, say)
+    /// had every checked server marked down. A check failed on this side is now no verdict: it
+    /// moves neither run. Tested through the checker's dial seam (exhausting the real
+    /// descriptor table would disturb the other tests of this binary).
+    #[tokio::test]
+    async fn a_check_out_of_descriptors_is_no_verdict() {
+        let config: super::super::GroupConfig = toml::from_str(
+            "name = \"app\"\nservers = [\"127.0.0.1:9\"]\n\
+             [health_check]\nkind = \"tcp\"\ntimeout_secs = 2\nrise = 2\nfall = 2\n",
+        )
+        .unwrap();
+        let group = super::super::Group::new(&config).unwrap();
+        let check = config.health_check.clone().unwrap();
+        let server = group.servers()[0].clone();
+        let mut runs = super::Runs::default();
+        // Each check's dial fails with `code`.
+        let step = |code: i32| {
+            let (server, check) = (server.clone(), check.clone());
+            async move {
+                let dial = |_: String, _| async move { Err(os(code)) };
+                super::probe(&server, &check, dial).await
+            }
+        };
+        for code in [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::EADDRNOTAVAIL,
+        ] {
+            for _ in 0..5 {
+                let result = step(code).await;
+                assert_eq!(result.as_ref().unwrap_err().raw_os_error(), Some(code));
+                runs.record(&server, &check, "app", result);
+                assert!(server.is_healthy(), "{code}");
+            }
+        }
+        // Nor does one break a run: refused, EMFILE, refused is two failures in a row.
+        runs.record(&server, &check, "app", step(libc::ECONNREFUSED).await);
+        runs.record(&server, &check, "app", step(libc::EMFILE).await);
+        assert!(server.is_healthy());
+        runs.record(&server, &check, "app", step(libc::ECONNREFUSED).await);
+        assert!(!server.is_healthy());
+        // ... and a down server needs `rise` real successes, EMFILE between them or not.
+        runs.record(&server, &check, "app", Ok(()));
+        runs.record(&server, &check, "app", step(libc::EMFILE).await);
+        assert!(!server.is_healthy());
+        runs.record(&server, &check, "app", Ok(()));
+        assert!(server.is_healthy());
     }
 
     #[test]

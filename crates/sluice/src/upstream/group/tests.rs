@@ -132,6 +132,52 @@ fn passive_ejection_then_one_trial() {
     assert_eq!(g.plan(None).len(), 2);
 }
 
+/// Finding: passive ejection could empty a group: failures a client provokes (heads an origin
+/// drops without answering, replayed on the next server) ejected every server, and every request
+/// got 503 for `fail_timeout_secs`. With nothing usable, the plan now holds the primaries the
+/// active check calls up (all of them without a check), ejected or not; backups still come
+/// first while any is usable, and a primary the check took out stays out.
+#[test]
+fn passive_ejection_alone_never_empties_the_plan() {
+    let g = group(
+        r#"name = "p"
+        max_fails = 1
+        fail_timeout_secs = 60
+        servers = ["a:1", "b:1", { addr = "z:1", backup = true }]"#,
+    );
+    let addrs = |plan: Plan<'_>| {
+        let mut v: Vec<String> = plan.iter().map(|s| s.addr().to_string()).collect();
+        v.sort();
+        v
+    };
+    let (a, b, z) = (&g.servers()[0], &g.servers()[1], &g.servers()[2]);
+    a.report_failure();
+    b.report_failure();
+    assert!(a.is_ejected() && b.is_ejected());
+    // A usable backup goes before ejected primaries.
+    assert_eq!(addrs(g.plan(None)), ["z:1"]);
+    z.report_failure();
+    assert!(z.is_ejected());
+    // Everything ejected: the primaries, still up by the (absent) check, are tried.
+    for _ in 0..3 {
+        assert_eq!(addrs(g.plan(None)), ["a:1", "b:1"]);
+    }
+    // A primary the active check calls down is not.
+    a.set_healthy(false);
+    assert_eq!(addrs(g.plan(None)), ["b:1"]);
+    // Nothing up by the check: empty (503).
+    b.set_healthy(false);
+    assert!(g.plan(None).is_empty());
+    // Up again by the check: the fallback holds it, ejected as it is, and a success on it ends
+    // the ejection.
+    b.set_healthy(true);
+    b.report_failure();
+    assert!(b.is_ejected());
+    assert_eq!(addrs(g.plan(None)), ["b:1"]);
+    b.report_success();
+    assert!(b.is_usable());
+}
+
 /// Finding: a plan that took an ejected server's one recovery trial moved its deadline a full
 /// `fail_timeout` on; when the request ended with no verdict (cancelled, its client's body
 /// failed, never sent), nothing was reported and the server stayed out another period, so a
