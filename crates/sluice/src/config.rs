@@ -310,12 +310,17 @@ const MAX_DURATION_SECS: u64 = 10 * 365 * 86_400;
 /// limit, and under what a semaphore holds (a larger count panics when the limit is built).
 const MAX_CONNECTIONS: u64 = 1 << 24;
 /// The most any other count (`max_*` but sizes in bytes, `*_queue`) may be: far past any real
-/// setting, and under what a semaphore holds.
-const MAX_COUNT: u64 = 1 << 32;
+/// setting, and under what a semaphore holds on every target. Some of these counts size a
+/// `tokio::sync::Semaphore`, which panics past `Semaphore::MAX_PERMITS` (`usize::MAX >> 3`:
+/// 536,870,911 on a 32-bit router), so the ceiling is one for every build, not `1 << 32` on a
+/// 64-bit one: a file that loads on a PC loads on the router too.
+const MAX_COUNT: u64 = 1 << 28;
+const _: () = assert!(MAX_COUNT <= tokio::sync::Semaphore::MAX_PERMITS as u64);
 
 /// Refuses a duration (a key ending in `_secs` or `_ms`) past ten years, a connection count
-/// past 2^24 and another count past 2^32 anywhere in the config, by its path: each section checks its own rules, and this
-/// one check keeps a key added later from taking a value that panics when it is used.
+/// past 2^24 and another count past 2^28 anywhere in the config, by its path: each section
+/// checks its own rules, and this one check keeps a key added later from taking a value that
+/// panics when it is used.
 fn check_magnitudes(config: &Config) -> anyhow::Result<()> {
     fn walk(path: &str, value: &toml::Value) -> anyhow::Result<()> {
         match value {
@@ -348,7 +353,7 @@ fn check_magnitudes(config: &Config) -> anyhow::Result<()> {
                 {
                     // Counts (setups per host, fills, queued writes, commands running) some
                     // of which size a semaphore.
-                    Some((MAX_COUNT, "2^32"))
+                    Some((MAX_COUNT, "2^28"))
                 } else {
                     None
                 };
@@ -464,7 +469,12 @@ fn apply_env(
         };
         let key = &rest[section.len() + 1..];
         let Some(toml::Value::Table(section_table)) = table.get_mut(section.as_str()) else {
-            continue;
+            // `[[tcp]]`, `[[routes]]`: a list of tables has no one table a key could go in, and
+            // a variable left unapplied would look set. The value is never quoted.
+            bail!(
+                "environment variable {name}: [[{section}]] is a list of tables, which \
+                 SLUICE_* variables cannot set; set it in the config file"
+            );
         };
         let existing = section_table.get(key);
         let value = env_value(&raw, existing);
@@ -701,6 +711,26 @@ mod tests {
         assert!(format!("{err:#}").contains("listn"), "{err:#}");
     }
 
+    /// A variable for a list-of-tables section (`[[tcp]]`, `[[routes]]`) has no table to go in:
+    /// refused by its section, as an unknown section is, rather than accepted and never applied.
+    #[cfg(all(feature = "tcp", feature = "reverse"))]
+    #[test]
+    fn env_for_a_list_of_tables_is_refused_by_section() {
+        for (name, section) in [
+            ("SLUICE_TCP_MAX_CONNECTIONS", "tcp"),
+            ("SLUICE_ROUTES_UPSTREAM", "routes"),
+        ] {
+            let err =
+                Config::load(None, env(&[(name, "1234567")]), &Overrides::default()).unwrap_err();
+            let err = format!("{err:#}");
+            assert!(
+                err.contains(name) && err.contains(&format!("[[{section}]]")),
+                "{err}"
+            );
+            assert!(!err.contains("1234567"), "the value is never quoted: {err}");
+        }
+    }
+
     /// A string given through the environment is taken exactly as written, never read as TOML:
     /// a quoted prefix followed by a comment must not shorten a password to the prefix.
     #[test]
@@ -808,6 +838,44 @@ mod tests {
         let ten_years =
             Config::parse_file("[upstream]\nconnect_timeout_secs = 315360000\n").unwrap();
         ten_years.validate().unwrap();
+    }
+
+    /// A count that sizes a semaphore is refused at load past what a semaphore holds on a 32-bit
+    /// target (536,870,911 permits), on every target: 600,000,000 passed the old 2^32 ceiling and
+    /// the first fetch panicked in `Semaphore::new` on the router.
+    #[test]
+    fn counts_stay_under_what_a_semaphore_holds_on_every_target() {
+        let mut cases = vec![(
+            "[upstream]\nmax_setups_per_host = 600000000\n",
+            "upstream.max_setups_per_host",
+        )];
+        #[cfg(feature = "cache")]
+        cases.extend([
+            (
+                "[cache]\nmax_inflight_slices = 600000000\n",
+                "cache.max_inflight_slices",
+            ),
+            ("[cache]\ndisk_queue = 4294967295\n", "cache.disk_queue"),
+        ]);
+        #[cfg(feature = "media")]
+        cases.push((
+            "[media.extractors]\nmax_running = 536870912\n",
+            "media.extractors.max_running",
+        ));
+        for (text, path) in cases {
+            let err = Config::parse_file(text)
+                .and_then(|c| c.validate().map(|()| c))
+                .map(|_| ())
+                .unwrap_err();
+            let err = format!("{err:#}");
+            assert!(
+                err.contains(path) && err.contains("too large"),
+                "{path}: {err}"
+            );
+        }
+        const { assert!(MAX_COUNT <= 536_870_911) };
+        let most = format!("[upstream]\nmax_setups_per_host = {MAX_COUNT}\n");
+        Config::parse_file(&most).unwrap().validate().unwrap();
     }
 
     #[test]

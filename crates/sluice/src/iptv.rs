@@ -209,6 +209,11 @@ impl Default for IptvConfig {
     }
 }
 
+/// The largest `max_datagram_bytes`: the largest UDP payload (a 16-bit length).
+const MAX_DATAGRAM_BYTES: usize = 65_535;
+/// The largest `reorder_window`: what `sluice_media::rtp::Reorder` holds.
+const MAX_REORDER_WINDOW: usize = 4096;
+
 /// Configuration errors found before anything is joined.
 #[derive(Debug, thiserror::Error)]
 pub enum IptvError {
@@ -227,8 +232,10 @@ impl IptvConfig {
         if self.buffer_bytes < self.burst_bytes {
             return bad("buffer_bytes", "must be at least burst_bytes");
         }
-        if self.buffer_bytes < 4 * self.write_batch_bytes {
-            return bad("buffer_bytes", "must be at least 4 × write_batch_bytes");
+        // Checked: a product that wraps (in a release build) would let any buffer pass.
+        match self.write_batch_bytes.checked_mul(4) {
+            Some(least) if self.buffer_bytes >= least => {}
+            _ => return bad("buffer_bytes", "must be at least 4 × write_batch_bytes"),
         }
         if self.flush_interval_ms == 0 || self.status_interval_ms == 0 {
             return bad("flush_interval_ms", "intervals must be positive");
@@ -276,6 +283,18 @@ impl IptvConfig {
         }
         if self.max_datagram_bytes < 64 {
             return bad("max_datagram_bytes", "must be at least 64");
+        }
+        // It sizes each hub's and each receive worker's buffers: past the largest UDP payload
+        // nothing more can arrive, only memory go.
+        if self.max_datagram_bytes > MAX_DATAGRAM_BYTES {
+            return bad(
+                "max_datagram_bytes",
+                "must be at most 65535 (the largest UDP payload)",
+            );
+        }
+        // The reorder buffer holds at most 4096 packets; a larger window was cut to it unsaid.
+        if self.reorder_window > MAX_REORDER_WINDOW {
+            return bad("reorder_window", "must be at most 4096 packets");
         }
         if let Some(name) = &self.interface {
             if name.is_empty() || name.len() > 15 {
@@ -869,5 +888,30 @@ mod tests {
         };
         let err = zero.validate().unwrap_err().to_string();
         assert!(err.contains("epg_fetch_timeout_secs"), "{err}");
+    }
+
+    /// Sizes that allocate (`max_datagram_bytes`), a window cut short unsaid (`reorder_window`)
+    /// and a product that wraps (`4 × write_batch_bytes`) are refused by name.
+    #[test]
+    fn sizes_past_what_can_be_used_are_refused_by_name() {
+        let with = |f: fn(&mut super::IptvConfig)| {
+            let mut c = super::IptvConfig::default();
+            f(&mut c);
+            c.validate().map_err(|e| e.to_string())
+        };
+        let err = with(|c| c.max_datagram_bytes = 65_536).unwrap_err();
+        assert!(
+            err.contains("max_datagram_bytes") && err.contains("65535"),
+            "{err}"
+        );
+        with(|c| c.max_datagram_bytes = 65_535).unwrap();
+        let err = with(|c| c.max_datagram_bytes = usize::MAX / 32 + 1).unwrap_err();
+        assert!(err.contains("max_datagram_bytes"), "{err}");
+        let err = with(|c| c.reorder_window = 4097).unwrap_err();
+        assert!(err.contains("reorder_window"), "{err}");
+        with(|c| c.reorder_window = 4096).unwrap();
+        // 4 × (2^62 + 1) wraps to 4: a 4 MiB buffer passed.
+        let err = with(|c| c.write_batch_bytes = (1 << (usize::BITS - 2)) + 1).unwrap_err();
+        assert!(err.contains("write_batch_bytes"), "{err}");
     }
 }

@@ -111,6 +111,7 @@ pub async fn serve_reloadable(
     for (listener, addr) in server.bound() {
         tracing::info!(%addr, %listener, runtime = ?config.server.runtime, "listening");
     }
+    let mut draining = None;
     if let Some((file, flags)) = source {
         let mut reloader = app::reload::Reloader::new(file, flags).running(&config);
         if let Some(pid_file) = &config.server.pid_file {
@@ -132,6 +133,7 @@ pub async fn serve_reloadable(
         );
         let reloader = Arc::new(reloader);
         app.set_reloader(reloader.clone());
+        draining = Some(reloader.clone());
         if let Some(hup) = hup {
             tokio::spawn(app::reload::on_sighup(hup, reloader));
         }
@@ -168,9 +170,19 @@ pub async fn serve_reloadable(
         async {
             // A signal drains and exits; so does a binary upgrade, once the new process serves
             // (the service manager then already knows it as the main process: no STOPPING).
-            tokio::select! {
-                _ = shutdown => server::notify::stopping(),
-                _ = server::upgrade::on_sigusr2(usr2, config.server.pid_file.clone()) => {}
+            let handed_over = tokio::select! {
+                _ = shutdown => {
+                    server::notify::stopping();
+                    false
+                }
+                _ = server::upgrade::on_sigusr2(usr2, config.server.pid_file.clone()) => true,
+            };
+            // No reload from here on (SIGHUP, `/admin/reload` on a connection still open): it
+            // would bind `[[tcp]]` listeners afresh in a process on its way out. One under way
+            // finishes first, so none commits after the listeners stop.
+            if let Some(reloader) = draining {
+                let _ =
+                    tokio::task::spawn_blocking(move || reloader.begin_drain(handed_over)).await;
             }
             let _ = stop_tx.send(true);
         },

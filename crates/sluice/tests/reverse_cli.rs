@@ -688,3 +688,86 @@ fn a_refused_reload_leaves_no_cluster_port_open() {
     std::net::TcpStream::connect(&control).unwrap();
     stop(&mut s.child);
 }
+
+/// After SIGTERM, while an open `[[tcp]]` connection keeps the process draining, a SIGHUP
+/// applies nothing: a listener the new file adds is never bound (it was, with its accept loop
+/// started in a process on its way out), and the outcome beside the pid file says "draining".
+#[cfg(feature = "tcp")]
+#[test]
+fn a_reload_while_draining_binds_no_listener() {
+    // An origin that holds each connection open until the client's side ends, and says when
+    // it has one.
+    let origin = TcpListener::bind("127.0.0.1:0").unwrap();
+    let origin_addr = origin.local_addr().unwrap().to_string();
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for mut s in origin.incoming().flatten() {
+            let _ = seen_tx.send(());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 512];
+                while s.read(&mut buf).is_ok_and(|n| n > 0) {}
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    let pid = dir.path().join("sluice.pid");
+    let report = dir.path().join("sluice.pid.reload");
+    let (listen, relay, added) = (free_listen(), free_listen(), free_listen());
+    let text = |tcp: &[&str]| {
+        let mut t = format!(
+            "[server]\nlisten = [\"{listen}\"]\npid_file = \"{}\"\nshutdown_grace_secs = 60\n\n\
+             [[upstreams]]\nname = \"db\"\nservers = [\"{origin_addr}\"]\n",
+            pid.display()
+        );
+        for l in tcp {
+            t.push_str(&format!("\n[[tcp]]\nlisten = \"{l}\"\nupstream = \"db\"\n"));
+        }
+        t
+    };
+    std::fs::write(&file, text(&[&relay])).unwrap();
+    let mut child = start(&file, &listen, &pid);
+    let held = std::net::TcpStream::connect(&relay).unwrap();
+    seen.recv_timeout(Duration::from_secs(10))
+        .expect("the relay never reached the origin");
+
+    // SIGTERM: the HTTP listener closes, and the relayed connection keeps the process draining.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&listen).is_ok() {
+        assert!(Instant::now() < deadline, "sluice did not start draining");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "nothing held the drain"
+    );
+
+    std::fs::write(&file, text(&[&relay, &added])).unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let outcome = loop {
+        if let Ok(text) = std::fs::read_to_string(&report) {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no reload outcome written");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        outcome.contains("\"reloaded\":false") && outcome.contains("draining"),
+        "{outcome}"
+    );
+    let err = std::net::TcpStream::connect(&added).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+
+    // The last connection closes: the drain ends, and so does the process.
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "sluice did not exit after the drain"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

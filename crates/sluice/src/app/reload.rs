@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::config::{Config, Overrides};
@@ -81,7 +82,23 @@ pub struct Reloader {
     turn: Mutex<()>,
     /// Where each outcome is written for `sluice reload` to read (beside the pid file).
     report: Option<PathBuf>,
+    /// [`SERVING`], [`DRAINING`] or [`HANDED_OVER`]: once the process drains, a reload would
+    /// bind every `[[tcp]]` listener afresh and start accept loops in a process on its way out.
+    state: AtomicU8,
 }
+
+/// Reloads are applied.
+const SERVING: u8 = 0;
+/// Shutting down (SIGTERM, SIGINT): reloads are refused, and the refusal is reported.
+const DRAINING: u8 = 1;
+/// Drained after a binary upgrade: reloads are refused, and the outcome file beside the pid file
+/// is left to the new process, which owns it now.
+const HANDED_OVER: u8 = 2;
+
+/// What a reload asked for while the process drains answers.
+pub const DRAINING_REFUSAL: &str =
+    "draining: this process is shutting down or handing over to a new one, so nothing was \
+     reloaded (reload the process that serves now)";
 
 /// The file beside `pid_file` where a running server writes each reload's outcome.
 pub fn report_path(pid_file: &std::path::Path) -> PathBuf {
@@ -107,7 +124,22 @@ impl Reloader {
             running: Mutex::new(None),
             turn: Mutex::new(()),
             report: None,
+            state: AtomicU8::new(SERVING),
         }
+    }
+
+    /// The process starts draining (`handed_over`: after a binary upgrade): every reload from now
+    /// on is refused with [`DRAINING_REFUSAL`]. Waits for a reload under way to finish, so none
+    /// commits after this returns (it blocks: call it off the async threads).
+    pub fn begin_drain(&self, handed_over: bool) {
+        let state = if handed_over { HANDED_OVER } else { DRAINING };
+        self.state.store(state, Ordering::SeqCst);
+        drop(self.turn.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Whether [`Reloader::begin_drain`] was called.
+    pub fn draining(&self) -> bool {
+        self.state.load(Ordering::SeqCst) != SERVING
     }
 
     /// Names the settings the server started with, so each reload can tell which keys it changes.
@@ -124,6 +156,9 @@ impl Reloader {
 
     fn write_report(&self, outcome: &anyhow::Result<Applied>) {
         let Some(path) = &self.report else { return };
+        if self.state.load(Ordering::SeqCst) == HANDED_OVER {
+            return;
+        }
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -175,6 +210,9 @@ impl Reloader {
     }
 
     fn reload_in_turn(&self) -> anyhow::Result<Applied> {
+        if self.draining() {
+            anyhow::bail!(DRAINING_REFUSAL);
+        }
         // The upstream guard refuses this machine's own addresses: a reload reads them again.
         crate::upstream::guard::refresh_own_addresses();
         let config = Config::load(self.file.as_deref(), std::env::vars(), &self.flags)?;
@@ -291,9 +329,16 @@ fn changed_keys(
 pub async fn on_sighup(mut hup: tokio::signal::unix::Signal, reloader: Arc<Reloader>) {
     while hup.recv().await.is_some() {
         let r = reloader.clone();
-        crate::server::notify::reloading();
+        // Draining, the service manager was told STOPPING (or about the new main process):
+        // RELOADING then READY would tell it this process serves again. The refusal is logged.
+        let tell = !reloader.draining();
+        if tell {
+            crate::server::notify::reloading();
+        }
         let applied = tokio::task::spawn_blocking(move || r.reload_logged("SIGHUP")).await;
-        crate::server::notify::reloaded(matches!(applied, Ok(Ok(_))));
+        if tell {
+            crate::server::notify::reloaded(matches!(applied, Ok(Ok(_))));
+        }
     }
 }
 
@@ -320,6 +365,58 @@ mod tests {
         assert!(!is_live("server.idle_timeout_secs", LIVE_KEYS));
         assert!(!is_live("authx", &["auth"]));
         assert!(is_live("cache.memory_bytes", &["cache"]));
+    }
+
+    /// After shutdown or a hand-over starts, a reload (SIGHUP, `/admin/reload`) is refused with
+    /// "draining" and no part prepares or commits: the TCP part would bind every listener afresh
+    /// and start accept loops in a process on its way out.
+    #[test]
+    fn a_reload_while_draining_is_refused_and_applies_nothing() {
+        use std::sync::atomic::AtomicUsize;
+        let dir = std::env::temp_dir().join(format!("sluice-drain-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let report = dir.join("sluice.pid.reload");
+        let _ = std::fs::remove_file(&report);
+        let mut reloader = Reloader::new(None, Overrides::default()).report_to(report.clone());
+        let (prepared, committed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (p, c) = (prepared.clone(), committed.clone());
+        let part: Prepare = Box::new(move |_: &Config| {
+            p.fetch_add(1, Ordering::SeqCst);
+            let c = c.clone();
+            Ok(Box::new(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+            }) as Commit)
+        });
+        reloader.add("tcp", part);
+        reloader.reload_logged("test").unwrap();
+        assert_eq!(committed.load(Ordering::SeqCst), 1);
+        assert!(!reloader.draining());
+
+        reloader.begin_drain(false);
+        let err = format!("{:#}", reloader.reload_logged("test").unwrap_err());
+        assert!(err.contains("draining"), "{err}");
+        assert_eq!(
+            prepared.load(Ordering::SeqCst),
+            1,
+            "a part prepared while draining"
+        );
+        assert_eq!(
+            committed.load(Ordering::SeqCst),
+            1,
+            "a part committed while draining"
+        );
+        // Still this process's pid file: `sluice reload` reads the refusal.
+        let written = std::fs::read_to_string(&report).unwrap();
+        assert!(written.contains("draining"), "{written}");
+
+        // After a hand-over the outcome file is the new process's: left as it is.
+        std::fs::write(&report, "new process\n").unwrap();
+        reloader.begin_drain(true);
+        assert!(reloader.reload().is_err());
+        assert!(reloader.reload_logged("test").is_err());
+        assert_eq!(std::fs::read_to_string(&report).unwrap(), "new process\n");
+        assert_eq!(committed.load(Ordering::SeqCst), 1);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Setting, changing or unsetting `server.max_tunnels_per_ip` is a change a reload applies

@@ -180,6 +180,9 @@ impl MediaConfig {
     }
 }
 
+/// The largest `media.acestream.buffer_bytes`: 1 GiB, 256 times the default.
+const MAX_ACESTREAM_BUFFER_BYTES: usize = 1 << 30;
+
 /// `[media.acestream]`: where the engine is and how sessions are shared.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -222,9 +225,34 @@ impl AcestreamConfig {
         if self.buffer_bytes < 64 * 1024 {
             anyhow::bail!("media.acestream.buffer_bytes must be at least 65536");
         }
+        // It sizes each session's broadcast channel up front (a slot per 16 KiB): 1 TiB made
+        // 2^26 slots before a byte arrived.
+        if self.buffer_bytes > MAX_ACESTREAM_BUFFER_BYTES {
+            anyhow::bail!("media.acestream.buffer_bytes must be at most 1073741824 (1 GiB)");
+        }
         if self.max_sessions == 0 {
             anyhow::bail!("media.acestream.max_sessions must be at least 1");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The session buffer sizes a channel up front, so it has a ceiling: 1 GiB passes, more is
+    /// refused by name.
+    #[test]
+    fn the_acestream_buffer_has_a_ceiling() {
+        let with = |buffer_bytes| AcestreamConfig {
+            buffer_bytes,
+            ..AcestreamConfig::default()
+        };
+        with(1 << 30).validate().unwrap();
+        for too_big in [(1 << 30) + 1, usize::MAX] {
+            let err = format!("{:#}", with(too_big).validate().unwrap_err());
+            assert!(err.contains("media.acestream.buffer_bytes"), "{err}");
+        }
     }
 }

@@ -12,6 +12,9 @@ use std::os::fd::RawFd;
 /// Upper bound on datagrams per syscall (and on the stack arrays that describe them).
 pub const MAX_BATCH: usize = 64;
 
+/// The largest slot: the largest UDP payload (a 16-bit length); no datagram is larger.
+pub const MAX_SLOT: usize = 65_535;
+
 /// Receives datagrams into `batch` slots of `slot` bytes.
 #[derive(Debug)]
 pub struct RecvBatch {
@@ -23,10 +26,14 @@ pub struct RecvBatch {
 }
 
 impl RecvBatch {
-    /// `slot` is the largest datagram accepted whole (larger ones are counted and dropped);
-    /// `batch` the most datagrams taken per syscall.
+    /// `slot` is the largest datagram accepted whole (larger ones are counted and dropped),
+    /// held to 64..=[`MAX_SLOT`]; `batch` the most datagrams taken per syscall, held to
+    /// 1..=[`MAX_BATCH`]. The scratch is `slot * batch` bytes: a product that wrapped would
+    /// make a scratch smaller than the slots `recvmmsg` is told to write, so both are clamped
+    /// to where it cannot (at most 65,535 × 64 bytes, 4 MiB, on any target).
     pub fn new(slot: usize, batch: usize) -> Self {
-        let slot = slot.max(64);
+        const _: () = assert!(MAX_SLOT.checked_mul(MAX_BATCH).is_some());
+        let slot = slot.clamp(64, MAX_SLOT);
         let batch = batch.clamp(1, MAX_BATCH);
         Self {
             scratch: vec![0; slot * batch],
@@ -111,5 +118,30 @@ impl RecvBatch {
             );
         }
         Ok(got)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A slot past the largest UDP payload is cut to it: `slot * batch` at 2^59 wrapped (in a
+    /// release build) to a scratch smaller than the slots handed to `recvmmsg`.
+    #[test]
+    fn the_scratch_always_holds_every_slot() {
+        for slot in [
+            0,
+            64,
+            1536,
+            MAX_SLOT,
+            MAX_SLOT + 1,
+            usize::MAX / 32 + 1,
+            usize::MAX,
+        ] {
+            let b = RecvBatch::new(slot, MAX_BATCH);
+            assert!(b.slot() <= MAX_SLOT, "slot {slot}: {}", b.slot());
+            assert_eq!(b.scratch.len(), b.slot() * MAX_BATCH, "slot {slot}");
+        }
+        assert_eq!(RecvBatch::new(1536, MAX_BATCH).slot(), 1536);
     }
 }
