@@ -43,6 +43,11 @@ const BIG_PANEL_PASS: &str = "big-panel";
 const BIG_PANEL_CHANNELS: usize = 6_000;
 /// The password the scripted panel answers `panel_api.php` to with a `user_info` over 1 MiB.
 const HUGE_USER_INFO_PASS: &str = "huge-user-info";
+/// The password the scripted panel answers stream lists and an M3U to whose stream URLs (for
+/// `alice`/`xcsecret`, so they play) name the panel in other spellings and other hosts.
+const SPELLINGS_PASS: &str = "spellings";
+/// The hosts those URLs name besides the panel's own address.
+const CDN_HOST: &str = "Cdn7.XC-Stream.test";
 /// A live stream the scripted panel never answers (it holds the request 5 s).
 const HELD_STREAM: &str = "/live/alice/xcsecret/999.ts";
 
@@ -125,6 +130,17 @@ fn panel_answer(
         }
         "/get.php" if q("password") == Some(SHORT_URLS_PASS) => Response::new(Full::new(
             Bytes::from(format!("{origin}/{XC_USER}/p/1\n").repeat(50_000)),
+        )),
+        "/player_api.php" if q("password") == Some(SPELLINGS_PASS) => json(format!(
+            "[{}]",
+            spelled_urls(addr)
+                .iter()
+                .map(|u| format!(r#"{{"name":"x","direct_source":"{}"}}"#, u.replace('/', "\\/")))
+                .collect::<Vec<_>>()
+                .join(",")
+        )),
+        "/get.php" if q("password") == Some(SPELLINGS_PASS) => Response::new(Full::new(
+            Bytes::from(format!("#EXTM3U\n{}\n", spelled_urls(addr).join("\n#EXTINF:-1,x\n"))),
         )),
         "/player_api.php" if !creds_ok => json(r#"{"user_info":{"auth":0}}"#.into()),
         "/panel_api.php" if q("password") == Some(BIG_PANEL_PASS) => json(format!(
@@ -215,6 +231,29 @@ fn panel_answer(
             .body(Full::new(Bytes::new()))
             .unwrap(),
     }
+}
+
+/// Stream URLs for `alice` as panels write them besides `http://{addr}`: the scheme and host in
+/// another case, the default port written out, `https` on 443, a CDN host, the panel's own name,
+/// the short form and a script's `username=` elsewhere. Every `.ts` and `.mp4` is one the panel
+/// serves.
+fn spelled_urls(addr: SocketAddr) -> Vec<String> {
+    let port = addr.port();
+    let creds = format!("{XC_USER}/{XC_PASS}");
+    vec![
+        format!("HTTP://127.0.0.1:{port}/live/{creds}/101.ts"),
+        format!("hTTp://LOCALHOST:{port}/movie/{creds}/202.mp4"),
+        format!("http://{CDN_HOST}:80/live/{creds}/101.ts"),
+        format!("https://{PANEL_HOST}:443/live/{creds}/101.ts"),
+        format!(
+            "HTTPS://{}/timeshift/{creds}/60/2026-01-01:10-00/101.ts",
+            PANEL_HOST.to_uppercase()
+        ),
+        format!("http://{CDN_HOST}/{creds}/101"),
+        format!(
+            "http://{PANEL_HOST}:{port}/get.php?username={XC_USER}&password={XC_PASS}&type=m3u"
+        ),
+    ]
 }
 
 /// The login object's `user_info` for `alice`.
@@ -359,6 +398,75 @@ async fn login_lists_and_streams_through_the_token_username() {
     assert_eq!(
         text(&series),
         r#"[{"num":1,"name":"A Series","series_id":303,"cover":"http:\/\/img.example\/c.jpg"}]"#
+    );
+}
+
+/// A panel writes its stream URLs in more than one spelling of its own origin (another letter case,
+/// the default port written out, `https` on 443) and at other hosts (a CDN, its own name). Every
+/// one is rewritten: the client's answer names neither the real username nor any of those hosts,
+/// and the rewritten URLs play.
+#[tokio::test]
+async fn stream_urls_in_any_spelling_do_not_name_the_provider() {
+    let (p, s) = setup().await;
+    let token = login(&p, &s).await;
+    let lower = |r: &support::Reply| text(r).to_ascii_lowercase();
+    let hidden = [
+        format!("127.0.0.1:{}", p.addr.port()),
+        format!("localhost:{}", p.addr.port()),
+        CDN_HOST.to_ascii_lowercase(),
+        PANEL_HOST.to_string(),
+    ];
+    let list = get(&s.url(&format!(
+        "/player_api.php?username={token}&password={SPELLINGS_PASS}&action=get_live_streams"
+    )))
+    .await;
+    assert_eq!(list.status, StatusCode::OK);
+    let m3u = get(&s.url(&format!(
+        "/get.php?username={token}&password={SPELLINGS_PASS}&type=m3u"
+    )))
+    .await;
+    assert_eq!(m3u.status, StatusCode::OK);
+    for r in [&list, &m3u] {
+        let body = text(r);
+        assert!(!body.contains(XC_USER), "{body}");
+        for host in &hidden {
+            assert!(!lower(r).contains(host.as_str()), "{host} in {body}");
+        }
+    }
+    let v: Value = serde_json::from_str(&text(&list)).unwrap();
+    let urls: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["direct_source"].as_str().unwrap().to_string())
+        .collect();
+    let m3u_urls: Vec<String> = text(&m3u)
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    // Each call mints its own username token, so the two lists differ only there.
+    assert_eq!(urls.len(), spelled_urls(p.addr).len());
+    assert_eq!(m3u_urls.len(), urls.len());
+    for url in urls.iter().chain(&m3u_urls) {
+        assert!(url.starts_with(&s.url("/")), "{url}");
+    }
+    // Each live one plays the panel's stream, whichever host it named, and the movie the movie.
+    let live = |u: &&String| u.ends_with("101.ts");
+    for url in urls.iter().chain(&m3u_urls).filter(live) {
+        let r = get(url).await;
+        assert_eq!(r.status, StatusCode::OK, "{url}");
+        assert_eq!(
+            sha256(r.body.as_ref().unwrap()),
+            sha256(&live_bytes()),
+            "{url}"
+        );
+    }
+    let r = get(&urls[1]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", urls[1]);
+    assert_eq!(
+        sha256(r.body.as_ref().unwrap()),
+        sha256(&pattern(MOVIE_LEN))
     );
 }
 
@@ -1014,6 +1122,46 @@ async fn a_client_leaving_answers_unread_holds_at_most_its_share() {
         assert!(std::time::Instant::now() < deadline, "{status}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+}
+
+/// Answers their clients do not take hold the budget only until their send deadline
+/// (`upstream.whole_body_timeout_secs`): with every share of it held by answers left unread (the
+/// connections still open, well within `server.send_timeout_secs`), a third client is refused at
+/// first, then served once those answers are cut, the sockets that asked for them still open.
+#[tokio::test]
+async fn answers_left_unread_give_the_budget_back_at_their_deadline() {
+    // As above: 8 MiB answers, a 32 MiB budget, a 24 MiB share; each answer holds over 6.5 MB.
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    c.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    c.media.xtream_max_response_bytes = 8 << 20;
+    c.upstream.whole_body_timeout_secs = 3;
+    c.server.send_timeout_secs = 600;
+    let s = Sluice::start(c).await;
+    let user = b64(&format!("http://{}:{XC_USER}:{API_PW}", p.addr));
+    let path = format!("/player_api.php?username={user}&password={XC_PASS}&action={BIG_ACTION}");
+    let mut held = Vec::new();
+    for client in [1, 1, 1, 2] {
+        let (status, body, stream) = unread(s.addr, &path, client).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        held.push(stream);
+    }
+    let (status, _, _) = unread(s.addr, &path, 3).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    // Served once the unread answers are cut, their sockets still open and unread.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let r = request("GET", &s.url(&path), &[("x-forwarded-for", "10.0.0.3")]).await;
+        if r.status == StatusCode::OK {
+            assert_eq!(r.body.as_ref().unwrap().len(), BIG_LEN);
+            break;
+        }
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(std::time::Instant::now() < deadline, "never given back");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    drop(held);
 }
 
 /// A host with an IPv6 /64 is one client however many of its addresses it uses: answers it

@@ -1,15 +1,16 @@
 //! XC responses pointed back through the proxy: stream URLs in JSON, escaped JSON and M3U get the
 //! proxy's origin and the proxy-issued username; the login answer names the proxy as the server.
 //!
-//! Only URLs at the provider's origin whose path has the XC credential shape are touched
-//! (`/live|movie|series|timeshift/{user}/...`, `/hlsr/{s}/{user}/...`, `/{user}/{pw}/{id}`, and
-//! the scripts with `username={user}`); logos and other assets at the same origin stay direct.
+//! Only URLs whose path has the XC credential shape for the real user are touched, at any host and
+//! in any spelling of it (`/live|movie|series|timeshift/{user}/...`, `/hlsr/{s}/{user}/...`,
+//! `/{user}/{pw}/{id}`, and any path with `username={user}` in its query); logos and other assets
+//! stay direct.
 
 use std::borrow::Cow;
 
 use serde_json::Value;
 
-use super::json_cost;
+use super::{is_stream_id, json_cost};
 
 /// Largest login answer parsed as JSON. A real one (`user_info` and `server_info`) is about
 /// 2 KB; a parsed JSON value costs many times its text (a body of `[0,0,0,...]` is one value per
@@ -84,58 +85,69 @@ impl Rewriter<'_> {
     }
 
     /// Walks `body` handing each piece of its rewrite to `emit`; whether any URL was rewritten.
+    ///
+    /// Every absolute `http(s)` URL is looked at, in any letter case and at any host: a provider
+    /// writes its own origin in more than one spelling (`HTTP://XC:80/...`, `https://xc:443/...`)
+    /// and may name a CDN or the panel's own host beside it, and each of those would hand the
+    /// client the real username (see [`Rewriter::rewrite_path`] for what is rewritten).
     fn scan_form(&self, body: &str, escaped: bool, emit: &mut dyn FnMut(&str)) -> bool {
-        let origin = if escaped {
-            self.upstream_origin.replace('/', "\\/")
-        } else {
-            self.upstream_origin.to_string()
-        };
-        if origin.is_empty() {
-            emit(body);
-            return false;
-        }
-        let mut changed = false;
-        let mut rest = body;
-        while let Some(at) = rest.find(&origin) {
-            emit(&rest[..at]);
-            let after = &rest[at + origin.len()..];
-            let end = after
+        let provider = url::Url::parse(self.upstream_origin)
+            .ok()
+            .map(|u| u.origin())
+            .filter(url::Origin::is_tuple);
+        let bytes = body.as_bytes();
+        let (mut changed, mut from, mut at) = (false, 0, 0);
+        while let Some(i) = memchr::memchr2(b'h', b'H', &bytes[at..]) {
+            let start = at + i;
+            let Some(after) = scheme_end(bytes, start, escaped) else {
+                at = start + 1;
+                continue;
+            };
+            let end = body[after..]
                 .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>'))
-                .unwrap_or(after.len());
-            let tail = &after[..end];
-            match self.rewrite_url(tail, escaped) {
-                Some(url) => {
-                    emit(&url);
-                    changed = true;
-                }
-                None => {
-                    emit(&origin);
-                    emit(tail);
-                }
+                .map_or(body.len(), |e| after + e);
+            if let Some(url) = self.rewrite_url(&body[start..end], escaped, provider.as_ref()) {
+                emit(&body[from..start]);
+                emit(&url);
+                from = end;
+                changed = true;
             }
-            rest = &after[end..];
+            at = end;
         }
-        emit(rest);
+        emit(&body[from..]);
         changed
     }
 
-    /// The public URL for what follows the provider's origin, in the same form, or `None` when
-    /// it is not an XC stream URL for this user. A run longer than any real URL is left as it is,
+    /// The public URL for an absolute URL `run` (in the form it was found in), or `None` when it
+    /// is not an XC stream URL for this user. A run longer than any real URL is left as it is,
     /// so the copies made here stay small however the answer is built.
-    fn rewrite_url(&self, tail: &str, escaped: bool) -> Option<String> {
-        if tail.len() > MAX_URL {
+    fn rewrite_url(
+        &self,
+        run: &str,
+        escaped: bool,
+        provider: Option<&url::Origin>,
+    ) -> Option<String> {
+        if run.len() > MAX_URL {
             return None;
         }
         let unescaped = if escaped {
-            Cow::Owned(tail.replace("\\/", "/"))
+            Cow::Owned(run.replace("\\/", "/"))
         } else {
-            Cow::Borrowed(tail)
+            Cow::Borrowed(run)
         };
-        // The origin must end where the URL's host ends (`http://h:80` is not `http://h:8080`).
-        if !(unescaped.is_empty() || unescaped.starts_with(['/', '?'])) {
+        let (scheme, rest) = unescaped.split_once("://")?;
+        let host_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, path_query) = rest.split_at(host_end);
+        if authority.is_empty() || !path_query.starts_with(['/', '?']) {
             return None;
         }
-        let url = format!("{}{}", self.public_origin, self.rewrite_path(&unescaped)?);
+        // Compared parsed: scheme and host in lower case, the scheme's default port filled in.
+        let origin = url::Url::parse(&format!("{scheme}://{authority}/"))
+            .ok()
+            .map(|u| u.origin());
+        let at_provider = origin.is_some() && origin.as_ref() == provider;
+        let path = self.rewrite_path_at(path_query, at_provider)?;
+        let url = format!("{}{path}", self.public_origin);
         Some(if escaped {
             url.replace('/', "\\/")
         } else {
@@ -143,22 +155,29 @@ impl Rewriter<'_> {
         })
     }
 
-    /// The proxy's path for an upstream path (with query), or `None` when it is not an XC
-    /// stream URL for this user.
+    /// The proxy's path for an upstream path (with query) at the provider's origin, or `None`
+    /// when it is not an XC stream URL for this user.
     pub fn rewrite_path(&self, path_query: &str) -> Option<String> {
+        self.rewrite_path_at(path_query, true)
+    }
+
+    /// [`Rewriter::rewrite_path`] for a URL at the provider's origin or elsewhere. Rewritten
+    /// wherever they point: `/live|movie|series|timeshift/{user}/{pw}/...`,
+    /// `/hlsr/{s}/{user}/{pw}/...` and any path whose query says `username={user}` (the real user,
+    /// compared decoded); the short `/{user}/{pw}/{id}` too, but away from the provider's origin
+    /// only with a stream id (`123`, `123.ts`) last, as the XC form has it.
+    fn rewrite_path_at(&self, path_query: &str, at_provider: bool) -> Option<String> {
         let (path, query) = match path_query.split_once('?') {
             Some((p, q)) => (p, Some(q)),
             None => (path_query, None),
         };
-        let segs: Vec<&str> = path.strip_prefix('/')?.split('/').collect();
+        let is_user = |seg: &str| decode_segment(seg) == self.real_user;
+        let segs: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
         let user_at = match segs.as_slice() {
-            ["live" | "movie" | "series" | "timeshift", user, _, _, ..]
-                if *user == self.real_user =>
-            {
-                Some(1)
-            }
-            ["hlsr", _, user, _, _, ..] if *user == self.real_user => Some(2),
-            [user, _, _] if *user == self.real_user => Some(0),
+            _ if !path.starts_with('/') => None,
+            ["live" | "movie" | "series" | "timeshift", user, _, _, ..] if is_user(user) => Some(1),
+            ["hlsr", _, user, _, _, ..] if is_user(user) => Some(2),
+            [user, _, id] if is_user(user) && (at_provider || is_stream_id(id)) => Some(0),
             _ => None,
         };
         if let Some(i) = user_at {
@@ -171,26 +190,19 @@ impl Rewriter<'_> {
             }
             return Some(out);
         }
-        let script = matches!(
-            path,
-            "/get.php"
-                | "/player_api.php"
-                | "/xmltv.php"
-                | "/panel_api.php"
-                | "/streaming/timeshift.php"
-        );
-        let query = query.filter(|_| script)?;
+        let query = query?;
         let mut found = false;
         let pairs: Vec<String> = query
             .split('&')
             .map(|pair| match pair.split_once('=') {
-                Some(("username", v)) if decode(v) == self.real_user => {
+                Some((key, v)) if decode(key) == "username" && decode(v) == self.real_user => {
                     found = true;
                     format!("username={}", encode(self.public_user))
                 }
                 _ => pair.to_string(),
             })
             .collect();
+        let path = if path.is_empty() { "/" } else { path };
         found.then(|| format!("{path}?{}", pairs.join("&")))
     }
 
@@ -351,6 +363,28 @@ fn split_origin(origin: &str) -> (&str, &str, String) {
     }
 }
 
+/// The end of `http://` or `https://` (any letter case; `:\/\/` in the escaped form) starting at
+/// `at`, or `None` when no such scheme starts there.
+fn scheme_end(body: &[u8], at: usize, escaped: bool) -> Option<usize> {
+    let rest = body.get(at..)?;
+    let name = match rest.get(..5) {
+        Some(s) if s.eq_ignore_ascii_case(b"https") => 5,
+        _ if rest.get(..4)?.eq_ignore_ascii_case(b"http") => 4,
+        _ => return None,
+    };
+    let sep: &[u8] = if escaped { b":\\/\\/" } else { b"://" };
+    rest[name..]
+        .starts_with(sep)
+        .then_some(at + name + sep.len())
+}
+
+/// A path segment decoded (`+` is itself there).
+fn decode_segment(seg: &str) -> String {
+    percent_encoding::percent_decode_str(seg)
+        .decode_utf8_lossy()
+        .into_owned()
+}
+
 fn decode(v: &str) -> String {
     percent_encoding::percent_decode_str(&v.replace('+', " "))
         .decode_utf8_lossy()
@@ -377,8 +411,76 @@ mod tests {
         let m3u = "#EXTM3U\n#EXTINF:-1 tvg-logo=\"http://xc.example:8080/images/a.png\",A\nhttp://xc.example:8080/alice/pw/1.ts\n#EXTINF:-1,B\nhttp://xc.example:8080/movie/alice/pw/2.mkv\r\nhttp://xc.example:8080/movie/bob/pw/3.mkv\nhttp://xc.example:80801/alice/pw/4\n";
         assert_eq!(
             R.rewrite_text(m3u),
-            "#EXTM3U\n#EXTINF:-1 tvg-logo=\"http://xc.example:8080/images/a.png\",A\nhttps://proxy.example/TOK/pw/1.ts\n#EXTINF:-1,B\nhttps://proxy.example/movie/TOK/pw/2.mkv\r\nhttp://xc.example:8080/movie/bob/pw/3.mkv\nhttp://xc.example:80801/alice/pw/4\n"
+            "#EXTM3U\n#EXTINF:-1 tvg-logo=\"http://xc.example:8080/images/a.png\",A\nhttps://proxy.example/TOK/pw/1.ts\n#EXTINF:-1,B\nhttps://proxy.example/movie/TOK/pw/2.mkv\r\nhttp://xc.example:8080/movie/bob/pw/3.mkv\nhttps://proxy.example/TOK/pw/4\n"
         );
+    }
+
+    /// The provider's origin in any spelling (the default port written out, another letter case,
+    /// `https` on 443), a CDN or panel host it names, and the scripts' `username=` at any host are
+    /// all rewritten: none of them leaves the real username in the answer. Logos, other users,
+    /// and a three-segment path that is no stream away from the provider stay as they are.
+    #[test]
+    fn every_spelling_of_a_stream_url_is_rewritten() {
+        let r = Rewriter {
+            upstream_origin: "http://xc.example",
+            ..R
+        };
+        for (url, want) in [
+            (
+                "http://xc.example:80/live/alice/pw/1.ts",
+                "/live/TOK/pw/1.ts",
+            ),
+            ("HTTP://XC.Example/live/alice/pw/1.ts", "/live/TOK/pw/1.ts"),
+            ("Http://xc.EXAMPLE:80/alice/pw/x", "/TOK/pw/x"),
+            (
+                "https://xc.example:443/movie/alice/pw/2.mkv",
+                "/movie/TOK/pw/2.mkv",
+            ),
+            (
+                "https://XC.example/series/alice/pw/3.mp4",
+                "/series/TOK/pw/3.mp4",
+            ),
+            (
+                "http://cdn7.example:8000/live/alice/pw/1.m3u8",
+                "/live/TOK/pw/1.m3u8",
+            ),
+            ("http://cdn.example/alice/pw/101", "/TOK/pw/101"),
+            ("http://cdn.example/al%69ce/pw/101.ts", "/TOK/pw/101.ts"),
+            (
+                "http://[::1]:9/timeshift/alice/pw/60/x/1.ts",
+                "/timeshift/TOK/pw/60/x/1.ts",
+            ),
+            (
+                "http://panel.example/get.php?username=alice&password=pw",
+                "/get.php?username=TOK&password=pw",
+            ),
+            ("http://panel.example?username=alice", "/?username=TOK"),
+        ] {
+            assert_eq!(
+                r.rewrite_text(&format!("#EXTINF:-1,A\n{url}\n")),
+                format!("#EXTINF:-1,A\nhttps://proxy.example{want}\n"),
+                "{url}"
+            );
+            let escaped = url.replace('/', "\\/");
+            let want = format!("https://proxy.example{want}").replace('/', "\\/");
+            assert_eq!(
+                r.rewrite_text(&format!(r#"{{"direct_source":"{escaped}"}}"#)),
+                format!(r#"{{"direct_source":"{want}"}}"#),
+                "{url}"
+            );
+        }
+        for kept in [
+            "http://xc.example:80/logo/alice/x.png/more",
+            "HTTP://XC.EXAMPLE/images/alice.png",
+            "http://cdn.example/alice/photos/x.png",
+            "http://cdn.example/live/bob/pw/1.ts",
+            "ftp://cdn.example/live/alice/pw/1.ts",
+            "http:/cdn.example/live/alice/pw/1.ts",
+            "http://",
+        ] {
+            let text = format!("x {kept} y");
+            assert_eq!(r.rewrite_text(&text), text, "{kept}");
+        }
     }
 
     #[test]
@@ -408,7 +510,12 @@ mod tests {
             Some("/timeshift/TOK/pw/60/2026-01-01:10-00/7.ts")
         );
         assert_eq!(R.rewrite_path("/get.php?username=bob"), None);
-        assert_eq!(R.rewrite_path("/other.php?username=alice"), None);
+        // Any path whose query names the real user: the username must not reach the client.
+        assert_eq!(
+            R.rewrite_path("/other.php?username=alice").as_deref(),
+            Some("/other.php?username=TOK")
+        );
+        assert_eq!(R.rewrite_path("/other.php?user=alice"), None);
         assert_eq!(R.rewrite_path("no-slash"), None);
     }
 

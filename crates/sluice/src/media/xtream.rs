@@ -52,13 +52,14 @@ const LOCAL_PARAMS: [&str; 3] = ["username", "api_password", "token"];
 const BUDGET_ANSWERS: usize = 4;
 
 /// One client (its address as `auth.trusted_proxies` make it out, an IPv6 one by its /64 as
-/// every per-address share counts it) may hold at most this many of those answers' worth while
-/// it has more than one answer in flight. Three is what one largest stream list needs at its peak
-/// (the answer and its rewrite, about twice its size); a client that leaves its answers unread
-/// (each holds its share until it is sent) so always leaves a largest answer's worth to everyone
-/// else. A half would refuse the largest lists outright, a quarter leave no room for even their
-/// rewrite. An answer the client has alone in flight may still use the whole budget, as it could
-/// before clients had shares: a large M3U that grows five-fold is served, not refused.
+/// every per-address share counts it) may hold at most this many of those answers' worth, one
+/// answer or many. Three is what one largest stream list needs at its peak (the answer and its
+/// rewrite, about twice its size); a client that leaves its answers unread (each holds its share
+/// until it is sent, or until [`Budgeted`]'s deadline) so always leaves a largest answer's worth to
+/// everyone else. A half would refuse the largest lists outright, a quarter leave no room for even
+/// their rewrite. A lone answer once took the whole budget, so one slow reader starved every
+/// other client; an answer whose peak needs more than the share (an M3U of short URLs near the
+/// size bound that grows five-fold) is now the provider's 502.
 const CLIENT_ANSWERS: usize = 3;
 
 /// A rewrite buffer may grow to this many times its answer, plus [`GROWTH_SLACK`]: a real stream
@@ -316,7 +317,7 @@ impl Xtream {
         // The budget share goes into the job and comes back with its output: a request dropped
         // while its job runs gives back nothing before the job's buffers are freed.
         let answer = Answer { bytes, capacity };
-        let sent = cpu::run(cpu::Lane::Document, move || {
+        let mut sent = cpu::run(cpu::Lane::Document, move || {
             let rewriter = Rewriter {
                 upstream_origin: &origin,
                 real_user: &real_user,
@@ -328,6 +329,7 @@ impl Xtream {
         })
         .await
         .map_err(|e| ProxyError::internal(format!("the XC rewrite failed: {e}")))??;
+        sent.arm(self.upstream.whole_body_timeout());
         let mut resp = Response::new(body::boxed(sent));
         let default = if api == Api::Playlist {
             "audio/x-mpegurl"
@@ -468,14 +470,14 @@ fn rewritten_within(
     drop(answer);
     let (rest, _) = out?;
     held.shrink_to(keep);
-    Ok(Budgeted { rest, _held: held })
+    Ok(Budgeted::new(rest, held))
 }
 
 /// An answer rewritten within its budget share, which already holds the answer: a copy of it
 /// when it is not UTF-8 and each rewrite buffer are charged at their exact size before they are
 /// made, as is a login answer's parsed JSON. A rewrite buffer past [`MAX_GROWTH`] times the answer
-/// plus [`GROWTH_SLACK`], or an answer holding more than the whole budget (as it could alone), is
-/// the provider's fault (`Err(None)`, a 502 like a login answer past [`MAX_LOGIN_BYTES`]); past
+/// plus [`GROWTH_SLACK`], or an answer holding more than a client's share (the most one answer may
+/// hold, alone or not), is the provider's fault (`Err(None)`, a 502 like a login answer past [`MAX_LOGIN_BYTES`]); past
 /// what the other answers leave, or the client's share beside its other answers, `Err(Some(503))`.
 /// With whether the output is the answer itself.
 ///
@@ -763,9 +765,9 @@ struct Budget {
     kib: Arc<Semaphore>,
     /// KiB each client's answers hold now, by [`network_of`] its address; a client leaves at zero.
     clients: Mutex<HashMap<IpAddr, usize>>,
-    /// KiB one client's answers may hold together while it has more than one.
+    /// KiB one client's answers may hold together, one answer or many.
     share: usize,
-    /// The most one answer may hold, alone: what [`Budget::kib`] stands for, to the byte.
+    /// The most one answer may hold: what [`Budget::share`] stands for, to the byte.
     bytes: usize,
 }
 
@@ -773,20 +775,21 @@ impl Budget {
     /// [`BUDGET_ANSWERS`] answers of `max_response_bytes`, [`CLIENT_ANSWERS`] a client's share.
     fn for_answers(max_response_bytes: usize) -> Arc<Budget> {
         // Rounded up as each answer's charge is, so what fits in the bytes fits in the KiB (an
-        // answer a floor left 1 KiB short would be refused every time it is asked for).
+        // answer a floor left 1 KiB short would be refused every time it is asked for), and the
+        // share and what is left beside it each so, so a full share leaves a whole answer.
         let bytes = |answers: usize| max_response_bytes.saturating_mul(answers);
         let kib = |answers: usize| bytes(answers).div_ceil(1024);
         Budget::sized(
-            kib(BUDGET_ANSWERS),
+            kib(CLIENT_ANSWERS).saturating_add(kib(BUDGET_ANSWERS - CLIENT_ANSWERS)),
             kib(CLIENT_ANSWERS),
-            bytes(BUDGET_ANSWERS),
+            bytes(CLIENT_ANSWERS),
         )
     }
 
     /// `kib` in all, `share` of them one client's.
     #[cfg(test)]
     fn new(kib: usize, share: usize) -> Arc<Budget> {
-        Budget::sized(kib, share, kib.saturating_mul(1024))
+        Budget::sized(kib, share, share.saturating_mul(1024))
     }
 
     fn sized(kib: usize, share: usize, bytes: usize) -> Arc<Budget> {
@@ -833,8 +836,8 @@ impl Held {
     }
 
     /// Grows the share to cover `bytes`, or 503 when the other answers hold the rest, or when
-    /// this client's other answers are in flight and all its answers would hold more than its
-    /// share (an answer it has alone may use the whole budget).
+    /// all this client's answers would hold more than its share (a lone answer too: one taking
+    /// the whole budget while its client reads it slowly left nothing to anyone else).
     fn reserve(&mut self, bytes: usize) -> Result<(), ProxyError> {
         let have = self.permit.as_ref().map_or(0, |p| p.num_permits());
         let more = bytes.div_ceil(1024).saturating_sub(have);
@@ -843,9 +846,8 @@ impl Held {
         }
         let mut clients = self.budget.clients();
         let mine = clients.get(&self.client).copied().unwrap_or(0);
-        let alone = mine <= have;
         let taken = Some(more)
-            .filter(|more| alone || mine.saturating_add(*more) <= self.budget.share)
+            .filter(|more| mine.saturating_add(*more) <= self.budget.share)
             .and_then(|more| u32::try_from(more).ok())
             .and_then(|n| self.budget.kib.clone().try_acquire_many_owned(n).ok())
             .ok_or_else(|| {
@@ -894,33 +896,117 @@ impl Drop for Held {
 }
 
 /// A rewritten answer handed out in slices, holding its budget share until the last is taken
-/// (hyper asks for the next only when it has room to write it) or the body is dropped.
+/// (hyper asks for the next only when it has room to write it), the body is dropped, or the send
+/// deadline [`Budgeted::arm`] sets passes. At the deadline the answer and its share are given back
+/// at once, polled or not (hyper stops asking while the client keeps its window shut or nearly
+/// so), and the body ends in an error: the client sees a cut answer, never a short one taken for
+/// whole. Each slice is a copy, so what hyper still buffers pins one slice, not the answer.
 struct Budgeted {
-    rest: Bytes,
-    _held: Held,
+    state: Arc<Mutex<Sending>>,
+    timer: Option<tokio::task::AbortHandle>,
+}
+
+/// Where a [`Budgeted`] answer is.
+enum Sending {
+    /// What is left to send, and the share that holds it.
+    Rest { rest: Bytes, _held: Held },
+    /// All sent; the answer and its share are given back.
+    Done,
+    /// Past its deadline; the answer and its share are given back.
+    Cut,
+}
+
+impl Budgeted {
+    fn new(rest: Bytes, held: Held) -> Budgeted {
+        let state = match rest.is_empty() {
+            true => Sending::Done,
+            false => Sending::Rest { rest, _held: held },
+        };
+        Budgeted {
+            state: Arc::new(Mutex::new(state)),
+            timer: None,
+        }
+    }
+
+    /// Cuts the send if it has not ended `within` from now (`upstream.whole_body_timeout_secs`,
+    /// the bound its read had): a client reading a large answer a byte at a time would otherwise
+    /// hold its share for as long as it liked. The timer holds nothing of the answer alive.
+    fn arm(&mut self, within: std::time::Duration) {
+        let state = Arc::downgrade(&self.state);
+        let timer = tokio::spawn(async move {
+            tokio::time::sleep(within).await;
+            if let Some(state) = state.upgrade() {
+                let mut state = lock(&state);
+                if matches!(*state, Sending::Rest { .. }) {
+                    tracing::debug!("an XC answer was not taken within its send deadline");
+                    *state = Sending::Cut;
+                }
+            }
+        });
+        self.timer = Some(timer.abort_handle());
+    }
+
+    /// What is left to send.
+    #[cfg(test)]
+    fn rest(&self) -> Bytes {
+        match &*lock(&self.state) {
+            Sending::Rest { rest, .. } => rest.clone(),
+            _ => Bytes::new(),
+        }
+    }
+}
+
+fn lock(state: &Mutex<Sending>) -> std::sync::MutexGuard<'_, Sending> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Drop for Budgeted {
+    fn drop(&mut self) {
+        if let Some(timer) = self.timer.take() {
+            timer.abort();
+        }
+    }
 }
 
 impl http_body::Body for Budgeted {
     type Data = Bytes;
-    type Error = std::convert::Infallible;
+    type Error = std::io::Error;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        if self.rest.is_empty() {
-            return Poll::Ready(None);
+        let mut state = lock(&self.state);
+        let slice = match &mut *state {
+            Sending::Rest { rest, .. } => {
+                let slice = Bytes::copy_from_slice(&rest[..rest.len().min(SLICE)]);
+                bytes::Buf::advance(rest, slice.len());
+                slice
+            }
+            Sending::Done => return Poll::Ready(None),
+            Sending::Cut => {
+                return Poll::Ready(Some(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the XC answer was not taken within upstream.whole_body_timeout_secs",
+                ))))
+            }
+        };
+        // The last slice gives the answer and its share back.
+        if matches!(&*state, Sending::Rest { rest, .. } if rest.is_empty()) {
+            *state = Sending::Done;
         }
-        let n = self.rest.len().min(SLICE);
-        Poll::Ready(Some(Ok(Frame::data(self.rest.split_to(n)))))
+        Poll::Ready(Some(Ok(Frame::data(slice))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.rest.is_empty()
+        matches!(*lock(&self.state), Sending::Done)
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.rest.len() as u64)
+        match &*lock(&self.state) {
+            Sending::Rest { rest, .. } => SizeHint::with_exact(rest.len() as u64),
+            _ => SizeHint::with_exact(0),
+        }
     }
 }
 
@@ -1013,12 +1099,9 @@ mod tests {
         a.shrink_to(1025);
         assert_eq!(budget.kib.available_permits(), 4);
         assert_eq!(budget.clients()[&A], 2);
-        // The body sends every byte, in slices, and holds its share until it is dropped.
+        // The body sends every byte, in slices, and holds its share until the last is taken.
         let out = Bytes::from(vec![7u8; 3 * SLICE + 5]);
-        let body = Budgeted {
-            rest: out.clone(),
-            _held: a,
-        };
+        let body = Budgeted::new(out.clone(), a);
         assert_eq!(body.size_hint().exact(), Some(out.len() as u64));
         let mut body = Box::pin(body);
         let mut got = Vec::new();
@@ -1026,9 +1109,11 @@ mod tests {
             let data = frame.unwrap().into_data().unwrap();
             assert!(data.len() <= SLICE);
             got.extend_from_slice(&data);
-            assert_eq!(budget.kib.available_permits(), 4);
+            let held = if got.len() < out.len() { 4 } else { 6 };
+            assert_eq!(budget.kib.available_permits(), held);
         }
         assert_eq!(got, out);
+        assert!(body.is_end_stream());
         drop(body);
         drop(b);
         assert_eq!(budget.kib.available_permits(), 10);
@@ -1078,7 +1163,7 @@ mod tests {
             capacity,
         };
         let sent = rewritten_within(&R, answer, false, held).unwrap();
-        assert_eq!(sent.rest.len(), len);
+        assert_eq!(sent.rest().len(), len);
         assert_eq!(budget.kib.available_permits(), 1024 - 64);
         let got = Box::pin(sent).collect().await.unwrap().to_bytes();
         assert_eq!(got.len(), len);
@@ -1108,11 +1193,11 @@ mod tests {
         let mut held = Held::new(&budget, A);
         held.reserve(login.len()).unwrap();
         let sent = rewritten_within(&R, answer(), true, held).unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&sent.rest).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&sent.rest()).unwrap();
         assert_eq!(v["user_info"]["username"], "TOK");
         assert_eq!(
             budget.kib.available_permits(),
-            4096 - sent.rest.len().div_ceil(1024)
+            4096 - sent.rest().len().div_ceil(1024)
         );
     }
 
@@ -1159,7 +1244,7 @@ mod tests {
                 capacity: body.len(),
                 bytes: Bytes::from(body),
             };
-            rewritten_within(&R, answer, false, held).map(|sent| sent.rest)
+            rewritten_within(&R, answer, false, held).map(|sent| sent.rest())
         };
         let login = |pad: usize| {
             format!(
@@ -1217,7 +1302,7 @@ mod tests {
             bytes: Bytes::from(body.clone()),
         };
         let sent = rewritten_within(&R, answer, false, held).unwrap();
-        let out = std::str::from_utf8(&sent.rest).unwrap().to_string();
+        let out = std::str::from_utf8(&sent.rest()).unwrap().to_string();
         let want = body
             .replacen(
                 r#"{"username":"alice"}"#,
@@ -1246,7 +1331,7 @@ mod tests {
         assert!(tail.ends_with("\n}\n"));
         assert_eq!(
             budget.kib.available_permits(),
-            8192 - sent.rest.len().div_ceil(1024)
+            8192 - sent.rest().len().div_ceil(1024)
         );
         drop(sent);
         assert_eq!(budget.kib.available_permits(), 8192);
@@ -1314,28 +1399,46 @@ mod tests {
         (rewriter, answer, out)
     }
 
-    /// An answer a client has alone in flight may use the whole budget, as before clients had
-    /// shares; beside another of its answers it gets the share's 503, and past the whole budget
-    /// it is still the provider's 502.
+    /// A lone answer holds at most its client's share, as its answers together do: one whose peak
+    /// needs more (an M3U that grows five-fold) is the provider's 502, where it once took the
+    /// whole budget and a client reading it slowly left nothing to anyone else. Within the share
+    /// it is served, beside another of its answers it gets the share's 503, and another client
+    /// always has a largest answer's worth beside the fullest share.
     #[test]
-    fn a_lone_answer_may_use_the_whole_budget() {
+    fn a_lone_answer_holds_at_most_its_share() {
         let max = 64 * 1024;
+        let budget = Budget::for_answers(max);
+        let mut lone = Held::new(&budget, A);
+        assert!(lone.reserve(3 * max + 1).is_err());
+        lone.reserve(3 * max).unwrap();
+        Held::new(&budget, B).reserve(max).unwrap();
+        drop(lone);
+        assert_eq!(budget.kib.available_permits(), 256);
         let sealed = "T".repeat(200);
         let (rewriter, answer, out) = growing_m3u(&sealed);
         let peak = answer.capacity + out.len();
         assert!(peak > 3 * max && peak <= 4 * max, "{peak}");
-        let budget = Budget::for_answers(max);
+        let mut held = Held::new(&budget, A);
+        held.reserve(answer.capacity).unwrap();
+        let refused = rewritten_within(&rewriter, answer, false, held);
+        assert!(matches!(refused, Err(None)));
+        assert_eq!(budget.kib.available_permits(), 256);
+        // A shorter username: within the share, served; another client still has its answer.
+        let sealed = "T".repeat(100);
+        let (rewriter, answer, out) = growing_m3u(&sealed);
+        assert!(answer.capacity + out.len() <= 3 * max);
         let mut held = Held::new(&budget, A);
         held.reserve(answer.capacity).unwrap();
         let sent = rewritten_within(&rewriter, answer, false, held).unwrap();
-        assert_eq!(sent.rest, out.as_bytes());
+        assert_eq!(sent.rest(), out.as_bytes());
         assert!(out.contains(&format!("/{sealed}/p/1.ts")));
+        Held::new(&budget, B).reserve(max).unwrap();
         drop(sent);
         assert_eq!(budget.kib.available_permits(), 256);
         // The same while the client holds another answer: the busy 503, retried later.
         let (rewriter, answer, _) = growing_m3u(&sealed);
         let mut other = Held::new(&budget, A);
-        other.reserve(1024).unwrap();
+        other.reserve(48 * 1024).unwrap();
         let mut held = Held::new(&budget, A);
         held.reserve(answer.capacity).unwrap();
         let e = rewritten_within(&rewriter, answer, false, held)
@@ -1349,30 +1452,64 @@ mod tests {
         assert_eq!(e.retry_after, Some(1));
         drop(other);
         assert_eq!(budget.kib.available_permits(), 256);
-        // Past the whole budget it is the provider's fault.
-        let (rewriter, answer, _) = growing_m3u(&sealed);
-        let budget = Budget::for_answers(48 * 1024);
+    }
+
+    /// An answer its client stops taking (hyper then stops asking the body for more) gives its
+    /// share and its bytes back at its send deadline all the same, and its body ends in an error
+    /// rather than cleanly; one taken in time is unaffected. Time is the runtime's paused clock.
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_not_taken_by_its_deadline_is_cut_and_given_back() {
+        let within = std::time::Duration::from_secs(120);
+        let budget = Budget::new(16, 12);
         let mut held = Held::new(&budget, A);
-        held.reserve(answer.capacity).unwrap();
-        let refused = rewritten_within(&rewriter, answer, false, held);
-        assert!(matches!(refused, Err(None)));
-        assert_eq!(budget.kib.available_permits(), 192);
+        held.reserve(8 * 1024).unwrap();
+        let out = Bytes::from(vec![1u8; 4 * SLICE]);
+        let mut body = Budgeted::new(out.clone(), held);
+        body.arm(within);
+        let weak = Arc::downgrade(&body.state);
+        let mut body = Box::pin(body);
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first.len(), SLICE);
+        tokio::time::sleep(within - std::time::Duration::from_secs(1)).await;
+        assert_eq!(budget.kib.available_permits(), 8);
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        assert_eq!(budget.kib.available_permits(), 16);
+        assert!(budget.clients().is_empty());
+        // The answer itself is freed too: the slice sent was a copy.
+        assert!(matches!(*lock(&weak.upgrade().unwrap()), Sending::Cut));
+        assert_eq!(body.size_hint().exact(), Some(0));
+        let e = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        drop(body);
+        assert!(weak.upgrade().is_none());
+        // Taken in time, it ends cleanly and the timer finds nothing to cut.
+        let mut held = Held::new(&budget, A);
+        held.reserve(8 * 1024).unwrap();
+        let mut body = Budgeted::new(out.clone(), held);
+        body.arm(within);
+        let got = Box::pin(body).collect().await.unwrap().to_bytes();
+        assert_eq!(got, out);
+        assert_eq!(budget.kib.available_permits(), 16);
+        tokio::time::sleep(within * 2).await;
+        assert_eq!(budget.kib.available_permits(), 16);
     }
 
     /// The budget and a client's share in KiB are rounded up as each answer's charge is: an
     /// answer within their bytes is within their KiB (a floor refused it every time).
     #[test]
     fn the_budget_in_kib_covers_its_bytes() {
-        // 1500-byte answers: a budget of 6000 bytes (5.9 KiB), a share of 4500 (4.4 KiB).
+        // 1500-byte answers: a share of 4500 bytes (4.4 KiB), and an answer (1.5 KiB) beside a
+        // full share.
         let budget = Budget::for_answers(1500);
         let mut lone = Held::new(&budget, A);
-        lone.reserve(6000).unwrap();
+        lone.reserve(4500).unwrap();
+        Held::new(&budget, B).reserve(1500).unwrap();
         drop(lone);
         let (mut a1, mut a2) = (Held::new(&budget, A), Held::new(&budget, A));
         a1.reserve(1000).unwrap();
         a2.reserve(3500).unwrap();
         assert!(Held::new(&budget, A).reserve(1).is_err());
         drop((a1, a2));
-        assert_eq!(budget.kib.available_permits(), 6);
+        assert_eq!(budget.kib.available_permits(), 7);
     }
 }
