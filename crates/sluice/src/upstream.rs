@@ -239,6 +239,8 @@ impl Upstream {
         self.relay(req, relay::RelayBody::Empty, &|_| true).await
     }
 
+    /// One hop of [`relay`](Self::relay): the response head by `deadline`, the request's
+    /// time-to-headers deadline (one for all its hops).
     #[cfg(feature = "upstream-pool")]
     async fn send_once(
         &self,
@@ -246,6 +248,7 @@ impl Upstream {
         url: &Url,
         headers: &HeaderMap,
         body: crate::body::Body,
+        deadline: tokio::time::Instant,
     ) -> Result<http::Response<hyper::body::Incoming>, UpstreamError> {
         let mut builder = Request::builder().method(method.clone()).uri(url.as_str());
         if let Some(h) = builder.headers_mut() {
@@ -256,7 +259,7 @@ impl Upstream {
             detail: e.to_string(),
         })?;
         self.metrics.requests.inc();
-        let resp = tokio::time::timeout(self.header_timeout, self.client.request(request))
+        let resp = tokio::time::timeout_at(deadline, self.client.request(request))
             .await
             .map_err(|_| UpstreamError::HeaderTimeout {
                 host: host_of(url),

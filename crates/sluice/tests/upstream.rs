@@ -336,3 +336,74 @@ async fn a_private_ca_in_upstream_ca_file_is_trusted() {
         "{err:#}"
     );
 }
+
+/// An origin on a raw socket that answers every request `after` its head came: a 302 from
+/// `/hop{n}` to `/hop{n+1}` up to `/hop{last}`, which answers `ok`. Counts the requests it saw.
+async fn slow_redirects(after: Duration, last: usize, seen: Arc<AtomicUsize>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+                let head = String::from_utf8_lossy(&buf).into_owned();
+                let path = head.split(' ').nth(1).unwrap_or("").to_string();
+                let n: usize = path
+                    .strip_prefix("/hop")
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(last);
+                tokio::time::sleep(after).await;
+                let answer = if n < last {
+                    format!(
+                        "HTTP/1.1 302 Found\r\nlocation: /hop{}\r\ncontent-length: 0\r\n\
+                         connection: close\r\n\r\n",
+                        n + 1
+                    )
+                } else {
+                    "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok".into()
+                };
+                let _ = c.write_all(answer.as_bytes()).await;
+                let _ = c.shutdown().await;
+            });
+        }
+    });
+    port
+}
+
+/// The time-to-headers deadline is one for a request and all its redirects: an origin that
+/// answers each of three redirects after 0.6 of the header timeout makes the request a 504 at
+/// its second hop. Before, each hop had a deadline of its own (`max_redirects` hops held a
+/// request that many header timeouts) and the request got its answer at the fourth. Fast
+/// redirects are still followed.
+#[tokio::test]
+async fn the_header_deadline_spans_every_redirect() {
+    let mut config = test_config();
+    config.upstream.header_timeout_secs = 1;
+    // The streamed path, whose client follows the redirects (a spliced first try that meets a
+    // redirect asks again on it).
+    config.media.splice_stream = false;
+    let s = Sluice::start(config).await;
+    let seen = Arc::new(AtomicUsize::new(0));
+    let port = slow_redirects(Duration::from_millis(600), 3, seen.clone()).await;
+    let d = enc(&format!("http://127.0.0.1:{port}/hop0"));
+    let r = get(&s.url(&format!("/proxy/stream?d={d}"))).await;
+    assert_eq!(r.status, 504, "{:?}", r.body);
+    assert_eq!(seen.load(Ordering::SeqCst), 2, "hops asked");
+
+    let fast = Arc::new(AtomicUsize::new(0));
+    let port = slow_redirects(Duration::ZERO, 3, fast.clone()).await;
+    let d = enc(&format!("http://127.0.0.1:{port}/hop0"));
+    let r = get(&s.url(&format!("/proxy/stream?d={d}"))).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), "ok");
+    assert_eq!(fast.load(Ordering::SeqCst), 4);
+}

@@ -20,17 +20,19 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 /// What a scripted origin sends for a path: pieces written one after another (with a short
-/// pause between them, so bodies arrive over several reads), then `stall` or close.
+/// pause between them, so bodies arrive over several reads, and `wait` before the first), then
+/// `stall` or close.
 #[derive(Clone, Default)]
 struct Script {
     pieces: Vec<Vec<u8>>,
     stall: bool,
+    wait: Duration,
 }
 
 fn script(pieces: &[&[u8]]) -> Script {
     Script {
         pieces: pieces.iter().map(|p| p.to_vec()).collect(),
-        stall: false,
+        ..Script::default()
     }
 }
 
@@ -69,6 +71,7 @@ impl ScriptedOrigin {
                             .await;
                         return;
                     };
+                    tokio::time::sleep(script.wait).await;
                     for piece in &script.pieces {
                         if socket.write_all(piece).await.is_err() {
                             return;
@@ -391,6 +394,7 @@ async fn bodies_over_the_bound_are_refused() {
             Script {
                 pieces: vec![b"HTTP/1.1 200 OK\r\ncontent-length: 1000000000\r\n\r\n".to_vec()],
                 stall: true,
+                ..Script::default()
             },
         ),
         ("/chunked", script(&[&chunked])),
@@ -441,6 +445,7 @@ async fn malformed_and_stalled_answers_are_errors() {
             Script {
                 pieces: vec![],
                 stall: true,
+                ..Script::default()
             },
         ),
         (
@@ -448,6 +453,7 @@ async fn malformed_and_stalled_answers_are_errors() {
             Script {
                 pieces: vec![b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nab".to_vec()],
                 stall: true,
+                ..Script::default()
             },
         ),
         ("/closed", script(&[])),
@@ -662,5 +668,84 @@ async fn fetch_carries_the_loop_mark_on_every_hop() {
     for head in &heads {
         assert!(head.to_lowercase().contains(&field), "{head}");
         assert!(!head.contains("0123456789abcdef"), "{head}");
+    }
+}
+
+/// Interim heads before the answer are skipped, 500 of them in one read included (each was a
+/// copy of all the bytes after it), and the body after them is read whole; a flood of them past
+/// the bound (1,024 per response) is an error, a 502 to whoever asked.
+#[tokio::test]
+async fn many_interim_heads_are_skipped_and_a_flood_is_refused() {
+    let body = pattern(10_000);
+    let mut hinted = b"HTTP/1.1 103 Early Hints\r\n\r\n".repeat(500);
+    hinted.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-length: 10000\r\n\r\n");
+    hinted.extend_from_slice(&body);
+    let mut flood = b"HTTP/1.1 103 Early Hints\r\n\r\n".repeat(1100);
+    flood.extend_from_slice(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+    let origin = ScriptedOrigin::start(HashMap::from([
+        ("/hinted", script(&[&hinted])),
+        ("/flood", script(&[&flood])),
+    ]))
+    .await;
+    let up = client(|_| {});
+    let got = up
+        .fetch(&origin.url("/hinted"), HeaderMap::new(), 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(sha256(&got.body), sha256(&body));
+    match up
+        .fetch(&origin.url("/flood"), HeaderMap::new(), 1 << 20)
+        .await
+    {
+        Err(FetchError::Upstream(UpstreamError::Protocol { detail, .. })) => {
+            assert!(detail.contains("informational responses"), "{detail}")
+        }
+        other => panic!("a flood of interim heads: {other:?}"),
+    }
+}
+
+/// The time-to-headers deadline is one for a fetch and all its redirects: an origin that
+/// answers each of three redirects after 0.6 of the header timeout fails the fetch (a 504 to
+/// whoever asked) at its second hop. Before, each hop had a deadline of its own and the fetch
+/// got its answer at the fourth. Fast redirects are still followed.
+#[tokio::test]
+async fn the_header_deadline_spans_every_redirect() {
+    let hops = |wait: Duration| {
+        HashMap::from([
+            ("/r0", redirect_to("/r1", wait)),
+            ("/r1", redirect_to("/r2", wait)),
+            ("/r2", redirect_to("/end", wait)),
+            (
+                "/end",
+                Script {
+                    wait,
+                    ..script(&[b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"])
+                },
+            ),
+        ])
+    };
+    let up = client(|c| c.header_timeout_secs = 1);
+    let slow = ScriptedOrigin::start(hops(Duration::from_millis(600))).await;
+    match up.fetch(&slow.url("/r0"), HeaderMap::new(), 1024).await {
+        Err(FetchError::Upstream(UpstreamError::HeaderTimeout { .. })) => {}
+        other => panic!("slow redirects: {other:?}"),
+    }
+    assert_eq!(slow.heads().len(), 2, "hops asked");
+    let fast = ScriptedOrigin::start(hops(Duration::ZERO)).await;
+    let got = up
+        .fetch(&fast.url("/r0"), HeaderMap::new(), 1024)
+        .await
+        .unwrap();
+    assert_eq!((got.status, &got.body[..]), (StatusCode::OK, &b"ok"[..]));
+    assert_eq!(fast.heads().len(), 4);
+}
+
+/// A 302 to `location` sent after `wait`.
+fn redirect_to(location: &str, wait: Duration) -> Script {
+    let head = format!("HTTP/1.1 302 Found\r\nlocation: {location}\r\ncontent-length: 0\r\n\r\n");
+    Script {
+        wait,
+        ..script(&[head.as_bytes()])
     }
 }

@@ -105,9 +105,13 @@ impl Upstream {
         // that leads back to this sluice must show it (`guard::LOOP_HEADER`).
         headers.insert(super::guard::LOOP_HEADER, super::guard::loop_mark().clone());
         let mut redirects = 0;
+        // One time-to-headers deadline for every hop, as for the pooled client's requests
+        // (`relay`): reset at each redirect, a fetch and its `max_redirects` hops had a header
+        // timeout each.
+        let deadline = tokio::time::Instant::now() + self.header_timeout;
         loop {
             let host = uri.host().unwrap_or("").to_string();
-            let (head, conn, early) = self.exchange(&uri, &headers).await?;
+            let (head, conn, early) = self.exchange(&uri, &headers, deadline).await?;
             let location = head.headers.get(header::LOCATION);
             let redirect = matches!(head.status.as_u16(), 301 | 302 | 303 | 307 | 308);
             let (true, Some(location)) = (redirect, location) else {
@@ -153,12 +157,14 @@ impl Upstream {
         }
     }
 
-    /// Connects, sends the request and reads the response head (skipping interim 1xx heads)
-    /// within the header deadline.
+    /// Connects, sends the request and reads the response head (skipping interim 1xx heads) by
+    /// `deadline`, the fetch's time-to-headers deadline: the wait for a setup slot and the
+    /// connect count against it too.
     async fn exchange(
         &self,
         uri: &Uri,
         headers: &HeaderMap,
+        deadline: tokio::time::Instant,
     ) -> Result<(ResponseHead, Conn, Bytes), UpstreamError> {
         let host = uri.host().unwrap_or("").to_string();
         let target = uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -171,9 +177,6 @@ impl Upstream {
             true,
         );
         self.metrics.requests.inc();
-        // One time-to-headers deadline from here: the wait for a setup slot and the connect
-        // count against it, as for the pooled client's requests.
-        let deadline = tokio::time::Instant::now() + self.header_timeout;
         let timed_out = || UpstreamError::HeaderTimeout {
             host: host.clone(),
             secs: self.header_timeout.as_secs(),
@@ -186,14 +189,8 @@ impl Upstream {
             detail,
         };
         let exchange = async {
-            let (mut head, mut early) = h1::exchange(&mut conn, &head).await?;
-            while head.status.is_informational() {
-                if head.status == StatusCode::SWITCHING_PROTOCOLS {
-                    return Err(Exchange::Failed("unasked protocol switch".into()));
-                }
-                (head, early) = h1::read_head(&mut conn, BytesMut::from(&early[..])).await?;
-            }
-            Ok((head, early))
+            let (head, rest) = h1::exchange_in(&mut conn, &head).await?;
+            past_interim(&mut conn, head, rest).await
         };
         let got = tokio::time::timeout_at(deadline, exchange)
             .await
@@ -310,6 +307,36 @@ impl Upstream {
     }
 }
 
+/// Interim heads answering one request: real origins send one or two (`103 Early Hints`); a
+/// stream of them is an origin that never answers, refused at once rather than at the header
+/// deadline.
+const MAX_INTERIM_HEADS: usize = 1024;
+
+/// The final head after `head` (skipped while interim, 1xx), read from `rest` (the bytes after
+/// `head`) and then `conn`; with the body bytes that came with it. Each head is split off the
+/// front of one buffer: copying the bytes after every interim head into a new one cost a read
+/// of many small 103 heads a copy of up to its whole length per head.
+async fn past_interim<S: AsyncRead + Unpin>(
+    conn: &mut S,
+    mut head: ResponseHead,
+    mut rest: BytesMut,
+) -> Result<(ResponseHead, Bytes), Exchange> {
+    let mut interim = 0;
+    while head.status.is_informational() {
+        if head.status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(Exchange::Failed("unasked protocol switch".into()));
+        }
+        interim += 1;
+        if interim > MAX_INTERIM_HEADS {
+            return Err(Exchange::Failed(format!(
+                "more than {MAX_INTERIM_HEADS} informational responses"
+            )));
+        }
+        (head, rest) = h1::read_head_in(conn, rest).await?;
+    }
+    Ok((head, rest.freeze()))
+}
+
 /// Whether `Transfer-Encoding` is exactly `chunked` (the only coding read here).
 fn chunked_only(headers: &HeaderMap) -> bool {
     let mut codings = headers
@@ -369,5 +396,43 @@ mod tests {
         assert!(chunked_only(&te));
         te.append(header::TRANSFER_ENCODING, "gzip".parse().unwrap());
         assert!(!chunked_only(&te));
+    }
+
+    /// Interim heads are split off the buffer they came in: the final head's body bytes are
+    /// where the first read put them, not in a copy made after each interim head (500 heads in
+    /// one read were 500 copies of what followed them). Past the bound, an error.
+    #[tokio::test]
+    async fn interim_heads_are_skipped_without_copies_and_bounded() {
+        let body = b"the body";
+        let mut sent = b"HTTP/1.1 103 Early Hints\r\n\r\n".repeat(500);
+        sent.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n");
+        sent.extend_from_slice(body);
+        let buf = BytesMut::from(&sent[..]);
+        let at = buf.as_ptr() as usize;
+        let mut nothing = tokio::io::empty();
+        let Ok((first, rest)) = h1::read_head_in(&mut nothing, buf).await else {
+            panic!("no first head")
+        };
+        let Ok((last, early)) = past_interim(&mut nothing, first, rest).await else {
+            panic!("no final head")
+        };
+        assert_eq!(last.status, StatusCode::OK);
+        assert_eq!(&early[..], body);
+        assert_eq!(
+            early.as_ptr() as usize,
+            at + sent.len() - body.len(),
+            "the body bytes were copied"
+        );
+
+        let mut flood = b"HTTP/1.1 103 Early Hints\r\n\r\n".repeat(MAX_INTERIM_HEADS + 1);
+        flood.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+        let Ok((first, rest)) = h1::read_head_in(&mut nothing, BytesMut::from(&flood[..])).await
+        else {
+            panic!("no first head")
+        };
+        match past_interim(&mut nothing, first, rest).await {
+            Err(Exchange::Failed(detail)) => assert!(detail.contains("informational"), "{detail}"),
+            _ => panic!("a flood of interim heads was read through"),
+        }
     }
 }

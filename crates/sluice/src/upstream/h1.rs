@@ -4,7 +4,7 @@
 
 use std::io::Write as _;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use http::{header, HeaderMap, HeaderValue, Method};
 use sluice_http::response_head::{self, ResponseHead};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -20,7 +20,24 @@ pub enum Exchange {
 }
 
 /// Writes the request head and reads the response head (and whatever body came with it).
-pub async fn exchange<S>(socket: &mut S, head: &[u8]) -> Result<(ResponseHead, Bytes), Exchange>
+#[cfg(feature = "upstream-pool")]
+pub async fn exchange<S>(
+    socket: &mut S,
+    head: &[u8],
+) -> Result<(ResponseHead, bytes::Bytes), Exchange>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let (head, rest) = exchange_in(socket, head).await?;
+    Ok((head, rest.freeze()))
+}
+
+/// Writes the request head and reads the response head; the bytes after it are left in their
+/// read buffer (see [`read_head_in`]).
+pub async fn exchange_in<S>(
+    socket: &mut S,
+    head: &[u8],
+) -> Result<(ResponseHead, BytesMut), Exchange>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -35,25 +52,33 @@ where
     if let Err(e) = socket.flush().await {
         return Err(Exchange::Failed(format!("sending the request: {e}")));
     }
-    read_head(socket, BytesMut::with_capacity(8 * 1024)).await
+    read_head_in(socket, BytesMut::with_capacity(8 * 1024)).await
 }
 
-/// Reads a response head that starts at `buf` (bytes already read) and continues on `socket`.
-pub async fn read_head<S>(
+/// Reads a response head that starts at `buf` (bytes already read) and continues on `socket`;
+/// the bytes after the head are left in the buffer they came in (no copy), for a reader that may
+/// find another head there (after an interim 1xx one).
+pub async fn read_head_in<S>(
     socket: &mut S,
     mut buf: BytesMut,
-) -> Result<(ResponseHead, Bytes), Exchange>
+) -> Result<(ResponseHead, BytesMut), Exchange>
 where
     S: AsyncRead + Unpin,
 {
+    // Bytes already read are parsed at once (they may hold a whole head).
+    let mut complete = !buf.is_empty();
     loop {
-        match response_head::parse(&buf) {
-            Ok(Some(head)) => {
-                let early = buf.split_off(head.len).freeze();
-                return Ok((head, early));
+        if complete {
+            #[cfg(test)]
+            tests::HEAD_PARSES.with(|n| n.set(n.get() + 1));
+            match response_head::parse(&buf) {
+                Ok(Some(head)) => {
+                    let _ = buf.split_to(head.len);
+                    return Ok((head, buf));
+                }
+                Ok(None) => {}
+                Err(e) => return Err(Exchange::Failed(e.to_string())),
             }
-            Ok(None) => {}
-            Err(e) => return Err(Exchange::Failed(e.to_string())),
         }
         if buf.len() >= MAX_HEAD {
             return Err(Exchange::Failed(format!(
@@ -61,6 +86,7 @@ where
             )));
         }
         buf.reserve(8 * 1024);
+        let before = buf.len();
         match socket.read_buf(&mut buf).await {
             Ok(0) if buf.is_empty() => return Err(Exchange::Closed),
             Ok(0) => {
@@ -74,7 +100,21 @@ where
             }
             Err(e) => return Err(Exchange::Failed(format!("reading the response head: {e}"))),
         }
+        // A head ends at an empty line: LF LF, or LF CR LF (the parser takes bare LFs too). A
+        // read that brought no such end, the two bytes before it included, leaves the head
+        // incomplete, so it is not parsed again from its start: a head trickled a byte at a time
+        // cost a parse of all of it per byte (quadratic, about 2e9 bytes scanned for 64 KiB).
+        // A head's first read is parsed whatever it holds: bytes that are no HTTP at all (a TLS
+        // alert from a port that speaks TLS) are refused at once, not after the header timeout.
+        complete = before == 0 || ends_a_head(&buf[before.saturating_sub(2)..]);
     }
+}
+
+/// Whether `bytes` hold the empty line that ends a head (`\n\n` or `\n\r\n`).
+fn ends_a_head(bytes: &[u8]) -> bool {
+    bytes.windows(2).enumerate().any(|(i, w)| {
+        w[0] == b'\n' && (w[1] == b'\n' || (w[1] == b'\r' && bytes.get(i + 2) == Some(&b'\n')))
+    })
 }
 
 /// Whether the response's `Connection` field says the origin closes after it.
@@ -136,6 +176,93 @@ pub fn push_field(head: &mut Vec<u8>, name: &str, value: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// The parses of a response head `read_head_in` made on this thread.
+        pub(super) static HEAD_PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A reader that gives one byte per read.
+    struct Trickle(std::io::Cursor<Vec<u8>>);
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let mut byte = [0u8; 1];
+            let n = std::io::Read::read(&mut self.0, &mut byte)?;
+            buf.put_slice(&byte[..n]);
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A response head sent a byte per read is parsed at its first read and at its end, not
+    /// once per read: parsing all of it again after every byte was quadratic. Bare-LF heads end
+    /// as well, and what follows an interim head is parsed without a read.
+    #[tokio::test]
+    async fn a_head_sent_a_byte_at_a_time_is_parsed_at_its_end() {
+        let mut head = b"HTTP/1.1 200 OK\r\n".to_vec();
+        for i in 0..40 {
+            head.extend_from_slice(format!("X-{i}: {}\r\n", "v".repeat(90)).as_bytes());
+        }
+        head.extend_from_slice(b"Content-Length: 2\r\n\r\n");
+        let mut sent = head.clone();
+        sent.extend_from_slice(b"ok");
+        HEAD_PARSES.with(|n| n.set(0));
+        let mut socket = Trickle(std::io::Cursor::new(sent));
+        let Ok((got, early)) = read_head_in(&mut socket, BytesMut::new()).await else {
+            panic!("no head")
+        };
+        let parses = HEAD_PARSES.with(std::cell::Cell::get);
+        assert_eq!(got.status, http::StatusCode::OK);
+        assert_eq!(got.len, head.len());
+        assert_eq!(got.headers.len(), 41);
+        assert!(early.is_empty());
+        assert_eq!(parses, 2, "{} bytes read one at a time", head.len());
+
+        // Bare LFs; an interim head whose read brought the final one's start too.
+        let sent = b"HTTP/1.1 103 Early Hints\nLink: </a>\n\nHTTP/1.1 204 No Content\n\nrest";
+        let mut socket = Trickle(std::io::Cursor::new(sent.to_vec()));
+        let Ok((interim, rest)) = read_head_in(&mut socket, BytesMut::new()).await else {
+            panic!("no interim head")
+        };
+        assert_eq!(interim.status, http::StatusCode::EARLY_HINTS);
+        assert!(rest.is_empty());
+        let Ok((last, early)) = read_head_in(&mut socket, rest).await else {
+            panic!("no final head")
+        };
+        assert_eq!(last.status, http::StatusCode::NO_CONTENT);
+        assert!(early.is_empty());
+        let mut socket = std::io::Cursor::new(sent.to_vec());
+        let Ok((interim, rest)) = read_head_in(&mut socket, BytesMut::new()).await else {
+            panic!("no interim head")
+        };
+        assert_eq!(interim.status, http::StatusCode::EARLY_HINTS);
+        HEAD_PARSES.with(|n| n.set(0));
+        let Ok((last, early)) = read_head_in(&mut socket, rest).await else {
+            panic!("no final head")
+        };
+        assert_eq!(last.status, http::StatusCode::NO_CONTENT);
+        assert_eq!(&early[..], b"rest");
+        assert_eq!(HEAD_PARSES.with(std::cell::Cell::get), 1);
+    }
+
+    #[test]
+    fn ends_of_heads() {
+        for (bytes, ends) in [
+            (&b"\r\n\r\n"[..], true),
+            (b"\n\n", true),
+            (b"\n\r\n", true),
+            (b"a\r\n", false),
+            (b"\n\r", false),
+            (b"\r\n\r", false),
+            (b"", false),
+        ] {
+            assert_eq!(ends_a_head(bytes), ends, "{bytes:?}");
+        }
+    }
 
     #[test]
     fn head_has_target_host_and_fields() {

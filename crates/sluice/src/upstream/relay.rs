@@ -54,6 +54,9 @@ impl Upstream {
         headers.insert(guard::LOOP_HEADER, guard::loop_mark().clone());
         let mut body = Some(body);
         let mut redirects = 0;
+        // One time-to-headers deadline for every hop: reset at each redirect, a request and its
+        // `max_redirects` slow hops had a header timeout each (6 × 30 s at the defaults).
+        let deadline = tokio::time::Instant::now() + self.header_timeout;
         loop {
             let (this_body, replayable) = match body.take() {
                 None | Some(RelayBody::Empty) => (body::empty(), true),
@@ -64,7 +67,9 @@ impl Upstream {
                 }
                 Some(RelayBody::Stream(stream)) => (stream, false),
             };
-            let resp = self.send_once(&method, &url, &headers, this_body).await?;
+            let resp = self
+                .send_once(&method, &url, &headers, this_body, deadline)
+                .await?;
             let next = match replayable {
                 true => self.redirect_target(&url, &resp)?,
                 false => None,
