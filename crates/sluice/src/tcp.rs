@@ -138,6 +138,7 @@ impl TcpProxy {
     /// over (a rename or a swap): the port is taken while it is open. Dropping the result lets go
     /// of the new sockets. Must be called inside a tokio runtime.
     pub fn prepare(&self, configs: &[TcpConfig]) -> anyhow::Result<Prepared> {
+        warn_over_descriptor_budget(configs);
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let mut listeners = Vec::with_capacity(configs.len());
         let mut identities = Vec::new();
@@ -234,7 +235,7 @@ impl TcpProxy {
                         tracing::warn!(listener = %name, "tcp: listener gone before its reload");
                         continue;
                     };
-                    r.limit.set(config.max_connections);
+                    r.limit.set(config.connection_limit());
                     // The per-address share lives in the settings; the new ones take it over.
                     let per_ip = Arc::clone(&r.settings.borrow().per_ip);
                     per_ip.set(config.max_connections_per_ip, config.per_ip_exempt.clone());
@@ -251,7 +252,7 @@ impl TcpProxy {
                     running.insert(name, r);
                 }
                 Socket::Bound(socket, local) => {
-                    let limit = listener::Limit::new(config.max_connections);
+                    let limit = listener::Limit::new(config.connection_limit());
                     let per_ip = share::Share::new(
                         config.max_connections_per_ip,
                         config.per_ip_exempt.clone(),
@@ -325,6 +326,22 @@ impl TcpProxy {
             let _ = self.force.send(true);
             self.tracker.wait().await;
         }
+    }
+}
+
+/// Logs one warning when the listeners at their connection limits could hold more descriptors
+/// than the open-file limit allows: they would run out (the HTTP side's accept pausing with them)
+/// before their `max_connections` stopped them.
+fn warn_over_descriptor_budget(configs: &[TcpConfig]) {
+    let nofile = crate::server::listener::nofile_limit();
+    if let Some(need) = config::over_descriptor_budget(configs, nofile) {
+        tracing::warn!(
+            descriptors = need,
+            limit = nofile,
+            "[[tcp]] max_connections over all listeners (x{} descriptors each) exceed the \
+             open-file limit (RLIMIT_NOFILE); lower max_connections or raise the limit",
+            config::FDS_PER_CONNECTION
+        );
     }
 }
 

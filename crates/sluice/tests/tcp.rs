@@ -1779,3 +1779,127 @@ async fn a_server_name_whose_first_address_is_silent_connects_to_the_next() {
     assert!(!m.contains("reason=\"connect_failed\""), "{m}");
     echo.abort();
 }
+
+/// A TLS client for `der`'s certificate (named `localhost`) connected to `addr`.
+async fn tls_client(
+    der: Vec<u8>,
+    addr: std::net::SocketAddr,
+) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der.into()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    connector.connect(name, tcp).await.unwrap()
+}
+
+/// An upstream that sends `chunk` bytes per write for as long as it can, drains whatever the
+/// client sends, and sets the flag once its connection is closed (either way).
+async fn firehose(chunk: usize) -> (Upstream, Arc<AtomicBool>) {
+    let closed = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&closed);
+    let up = Upstream::spawn(move |s| {
+        let flag = Arc::clone(&flag);
+        async move {
+            let (mut r, mut w) = s.into_split();
+            let drain = async {
+                let mut buf = [0u8; 1024];
+                while matches!(r.read(&mut buf).await, Ok(n) if n > 0) {}
+            };
+            let send = async {
+                let bytes = vec![b'x'; chunk];
+                while w.write_all(&bytes).await.is_ok() {}
+            };
+            tokio::select! {
+                () = drain => {}
+                () = send => {}
+            }
+            flag.store(true, Ordering::SeqCst);
+        }
+    })
+    .await;
+    (up, closed)
+}
+
+/// A TLS client that never reads what the upstream sends cannot hold its connection by sending
+/// a byte the other way now and then: the write toward it makes no progress for
+/// `idle_timeout_secs` and the connection ends, as idle. Before, the relay waited on that write
+/// for good (holding the 64 KiB copy buffer and rustls's records) while each client byte reset the
+/// idle timer. A client that reads slowly but steadily is not cut.
+#[tokio::test]
+async fn a_tls_client_that_stops_reading_is_cut_whatever_it_sends() {
+    let _apart = TLS_LISTENERS.lock().await;
+    let SelfSigned { der, cert, key } = SelfSigned::new(&["localhost"]);
+    let (trickle, trickle_closed) = firehose(1).await;
+    let (bulk, bulk_closed) = firehose(4096).await;
+    let config = format!(
+        "[[upstreams]]\nname = \"t\"\nservers = [\"{}\"]\n[[upstreams]]\nname = \"b\"\nservers = [\"{}\"]\n\n\
+         [[tcp]]\nname = \"stall\"\nlisten = \"127.0.0.1:0\"\nupstream = \"t\"\nidle_timeout_secs = 1\n\
+         tls_cert = {:?}\ntls_key = {:?}\n\n\
+         [[tcp]]\nname = \"slow\"\nlisten = \"127.0.0.1:0\"\nupstream = \"b\"\nidle_timeout_secs = 3\n\
+         tls_cert = {:?}\ntls_key = {:?}\n",
+        trickle.addr,
+        bulk.addr,
+        cert.path(),
+        key.path(),
+        cert.path(),
+        key.path()
+    );
+    let proxy = Proxy::start(&config);
+
+    // Never reads; sends a byte every quarter of the idle timeout. Within 40 of them (ten idle
+    // timeouts) the upstream's connection is gone.
+    let mut deaf = tls_client(der.clone(), proxy.tcp.local_addr("stall").unwrap()).await;
+    let mut sent = 0;
+    while !trickle_closed.load(Ordering::SeqCst) {
+        assert!(
+            sent < 40,
+            "still relaying after {sent} client bytes ({} idle timeouts) to a client that reads nothing",
+            sent / 4
+        );
+        if deaf.write_all(b".").await.is_err() || deaf.flush().await.is_err() {
+            break;
+        }
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // Counted as an idle end.
+    for _ in 0..100 {
+        if proxy.metrics().contains(
+            "sluice_tcp_connections_ended_total{listener=\"stall\",how=\"idle_timeout\"} 1",
+        ) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        proxy.metrics().contains(
+            "sluice_tcp_connections_ended_total{listener=\"stall\",how=\"idle_timeout\"} 1"
+        ),
+        "{}",
+        proxy.metrics()
+    );
+
+    // Reads 512 KiB every twelfth of the idle timeout and sends nothing: only its reads keep the
+    // writes toward it moving, through 24 reads (two idle timeouts). (Slow next to loopback, and
+    // fast enough that the kernel's send buffer toward it, up to 4 MiB, turns writable again
+    // well within the timeout.)
+    let mut slow = tls_client(der, proxy.tcp.local_addr("slow").unwrap()).await;
+    let mut buf = vec![0u8; 512 * 1024];
+    for i in 0..24 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let read = tokio::time::timeout(Duration::from_secs(10), slow.read_exact(&mut buf)).await;
+        assert!(matches!(read, Ok(Ok(_))), "read {i}: {read:?}");
+        assert!(!bulk_closed.load(Ordering::SeqCst), "cut after {i} reads");
+    }
+    drop(slow);
+    drop(deaf);
+    proxy.idle().await;
+}

@@ -4,6 +4,9 @@
 //! anything else (TLS-terminated) takes a buffered copy.
 //! A FIN is passed on as `shutdown(Write)` while the other direction keeps flowing; a reset is
 //! reported so the caller can reset the other side (SO_LINGER 0) instead of closing it politely.
+//! A write that makes no progress for the relay's `stall` time ends it ([`is_stalled`]), whatever
+//! the other direction does: a peer that stops reading cannot hold the buffers of what it was sent
+//! (the copy buffer, rustls's records, a pipe's pages) by trickling bytes the other way.
 //! `feed` moves one HTTP response body of known length the same way, for `/proxy/stream`.
 
 pub mod feed;
@@ -14,6 +17,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use socket2::SockRef;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest};
@@ -42,6 +46,30 @@ pub enum RelayError {
     Reset(Side),
     #[error("{0:?} side: {1}")]
     Io(Side, #[source] io::Error),
+}
+
+/// Why a write gave up: it made no progress for the relay's `stall` time (the peer stopped
+/// reading). Carried inside the [`RelayError::Io`] of the side written to; see [`is_stalled`].
+#[derive(Debug, thiserror::Error)]
+#[error("no write progress for {} s: the peer stopped reading", .0.as_secs())]
+pub struct Stalled(pub Duration);
+
+/// Whether `e` ended the relay because a write made no progress for its `stall` time.
+pub fn is_stalled(e: &RelayError) -> bool {
+    matches!(e, RelayError::Io(_, io) if io.get_ref().is_some_and(|inner| inner.is::<Stalled>()))
+}
+
+fn stalled(stall: Duration) -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, Stalled(stall))
+}
+
+/// Waits until `dst` may be writable again, for at most `stall`: called only after a write
+/// would have blocked, so a socket that takes its bytes never arms a timer.
+async fn writable_within(dst: &TcpStream, stall: Duration) -> io::Result<()> {
+    match tokio::time::timeout(stall, dst.writable()).await {
+        Ok(r) => r,
+        Err(_) => Err(stalled(stall)),
+    }
 }
 
 /// Bytes moved each way by a finished relay.
@@ -220,15 +248,16 @@ fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
 
 /// Relays between two plain TCP sockets until both directions have ended, each direction
 /// adapting to its traffic (see `relay_one`). `on_bytes` is called after every chunk (metrics,
-/// idle tracking).
+/// idle tracking). A write that makes no progress for `stall` ends the relay ([`is_stalled`]).
 pub async fn relay_tcp(
     downstream: &TcpStream,
     upstream: &TcpStream,
     pool: &PipePool,
+    stall: Duration,
     on_bytes: &(dyn Fn(Direction, usize) + Sync),
 ) -> Result<Totals, RelayError> {
-    let up = relay_one(downstream, upstream, Direction::Up, pool, on_bytes);
-    let down = relay_one(upstream, downstream, Direction::Down, pool, on_bytes);
+    let up = relay_one(downstream, upstream, Direction::Up, pool, stall, on_bytes);
+    let down = relay_one(upstream, downstream, Direction::Down, pool, stall, on_bytes);
     let (up, down) = tokio::try_join!(up, down)?;
     Ok(Totals { up, down })
 }
@@ -251,6 +280,7 @@ async fn relay_one(
     dst: &TcpStream,
     dir: Direction,
     pool: &PipePool,
+    stall: Duration,
     on_bytes: &(dyn Fn(Direction, usize) + Sync),
 ) -> Result<u64, RelayError> {
     let (src_side, dst_side) = sides(dir);
@@ -265,7 +295,7 @@ async fn relay_one(
     loop {
         let n = match mode {
             Mode::Copy => {
-                let n = copy_chunk(src, dst, &mut rest, src_side, dst_side).await?;
+                let n = copy_chunk(src, dst, &mut rest, stall, src_side, dst_side).await?;
                 if n == COPY_CHUNK && may_splice {
                     mode = Mode::Splice;
                 }
@@ -281,7 +311,7 @@ async fn relay_one(
                         continue;
                     }
                 };
-                let (n, fresh) = splice_chunk(src, dst, p, src_side, dst_side).await?;
+                let (n, fresh) = splice_chunk(src, dst, p, stall, src_side, dst_side).await?;
                 if n == SMALL_PIPE {
                     // A full small pipe: this direction carries a bulk transfer, worth a bigger pipe.
                     pipe.grow();
@@ -320,6 +350,7 @@ async fn copy_chunk(
     src: &TcpStream,
     dst: &TcpStream,
     rest: &mut Vec<u8>,
+    stall: Duration,
     src_side: Side,
     dst_side: Side,
 ) -> Result<usize, RelayError> {
@@ -334,7 +365,9 @@ async fn copy_chunk(
         }
     };
     while !rest.is_empty() {
-        dst.writable().await.map_err(|e| classify(dst_side, e))?;
+        writable_within(dst, stall)
+            .await
+            .map_err(|e| classify(dst_side, e))?;
         match dst.try_write(&rest[..]) {
             Ok(m) => {
                 rest.drain(..m);
@@ -401,6 +434,7 @@ async fn splice_chunk(
     src: &TcpStream,
     dst: &TcpStream,
     p: &Pipe,
+    stall: Duration,
     src_side: Side,
     dst_side: Side,
 ) -> Result<(usize, bool), RelayError> {
@@ -419,15 +453,18 @@ async fn splice_chunk(
             Err(e) => return Err(classify(src_side, e)),
         }
     };
-    // Drain: pipe → socket, all of it before reading again (so EAGAIN is the socket's).
+    // Drain: pipe → socket, all of it before reading again (so EAGAIN is the socket's). Tried
+    // first (`try_io` makes no call while the socket is known not writable), waited for, within
+    // `stall`, only when it would block.
     let mut in_pipe = n;
     while in_pipe > 0 {
-        dst.writable().await.map_err(|e| classify(dst_side, e))?;
         match dst.try_io(Interest::WRITABLE, || {
             splice(p.read.as_raw_fd(), dst.as_raw_fd(), in_pipe)
         }) {
             Ok(m) => in_pipe -= m,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => writable_within(dst, stall)
+                .await
+                .map_err(|e| classify(dst_side, e))?,
             Err(e) => return Err(classify(dst_side, e)),
         }
     }
@@ -489,10 +526,12 @@ fn classify(side: Side, e: io::Error) -> RelayError {
 // === buffered relay ===
 
 /// Relays between any two byte streams with one buffer per direction (TLS-terminated listeners,
-/// where the bytes must pass through user space to be decrypted anyway).
+/// where the bytes must pass through user space to be decrypted anyway). A write that makes no
+/// progress for `stall` ends the relay ([`is_stalled`]).
 pub async fn copy_both<D, U>(
     downstream: D,
     upstream: U,
+    stall: Duration,
     on_bytes: &(dyn Fn(Direction, usize) + Sync),
 ) -> Result<Totals, RelayError>
 where
@@ -501,8 +540,8 @@ where
 {
     let (mut dr, mut dw) = tokio::io::split(downstream);
     let (mut ur, mut uw) = tokio::io::split(upstream);
-    let up = copy_one(&mut dr, &mut uw, Direction::Up, on_bytes);
-    let down = copy_one(&mut ur, &mut dw, Direction::Down, on_bytes);
+    let up = copy_one(&mut dr, &mut uw, Direction::Up, stall, on_bytes);
+    let down = copy_one(&mut ur, &mut dw, Direction::Down, stall, on_bytes);
     let (up, down) = tokio::try_join!(up, down)?;
     Ok(Totals { up, down })
 }
@@ -513,6 +552,7 @@ async fn copy_one<R, W>(
     src: &mut R,
     dst: &mut W,
     dir: Direction,
+    stall: Duration,
     on_bytes: &(dyn Fn(Direction, usize) + Sync),
 ) -> Result<u64, RelayError>
 where
@@ -537,12 +577,31 @@ where
             let _ = dst.shutdown().await;
             return Ok(total);
         }
-        dst.write_all(buf.bytes())
+        write_within(dst, buf.bytes(), stall)
             .await
             .map_err(|e| classify(dst_side, e))?;
         total += n as u64;
         on_bytes(dir, n);
     }
+}
+
+/// Writes all of `bytes`, each write given `stall` to make progress. Before, a plain `write_all`
+/// waited for good on a peer that stopped reading, holding the copy buffer and the TLS
+/// library's records for it, while bytes the other way kept the idle timer from firing.
+async fn write_within<W: AsyncWrite + Unpin>(
+    dst: &mut W,
+    mut bytes: &[u8],
+    stall: Duration,
+) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match tokio::time::timeout(stall, dst.write(bytes)).await {
+            Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => bytes = &bytes[n..],
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(stalled(stall)),
+        }
+    }
+    Ok(())
 }
 
 /// Copy buffers of the buffered relay allocated now, process-wide (two per TLS connection at
@@ -702,7 +761,9 @@ mod tests {
         let pool = PipePool::new(4);
         let relay = tokio::spawn(async move {
             let pool = pool;
-            let totals = relay_tcp(&down, &up, &pool, &|_, _| {}).await.unwrap();
+            let totals = relay_tcp(&down, &up, &pool, Duration::from_secs(60), &|_, _| {})
+                .await
+                .unwrap();
             (totals, pool.idle())
         });
         // Copy mode, then a bulk message (splice, the pipe grows), then small ones again on the
@@ -760,9 +821,16 @@ mod tests {
             got
         });
         let mut rest = Vec::new();
-        let n = copy_chunk(&src, &dst, &mut rest, Side::Downstream, Side::Upstream)
-            .await
-            .unwrap();
+        let n = copy_chunk(
+            &src,
+            &dst,
+            &mut rest,
+            Duration::from_secs(60),
+            Side::Downstream,
+            Side::Upstream,
+        )
+        .await
+        .unwrap();
         assert_eq!(n, 1000);
         assert!(rest.is_empty() && rest.capacity() == 0);
         let got = drain.await.unwrap();

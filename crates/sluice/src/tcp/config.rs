@@ -37,8 +37,10 @@ pub struct TcpConfig {
     #[serde(default = "default_handshake")]
     pub handshake_timeout_secs: u64,
     /// Connections open at once; at the limit the listener stops accepting until one closes.
-    #[serde(default = "default_max_connections")]
-    pub max_connections: usize,
+    /// Not set: derived from the open-file limit ([`default_max_connections`]), as
+    /// [`TcpConfig::connection_limit`] gives it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connections: Option<usize>,
     /// Connections one client IP (an IPv6 one: its /64) may hold open at once (0 = no limit);
     /// past it a new connection from that IP is closed at once, so one client cannot hold every
     /// slot of `max_connections`.
@@ -91,8 +93,32 @@ fn default_idle() -> u64 {
 fn default_handshake() -> u64 {
     5
 }
-fn default_max_connections() -> usize {
-    10_000
+/// The most `max_connections` defaults to, whatever the open-file limit.
+const MAX_DEFAULT_CONNECTIONS: usize = 10_000;
+
+/// Descriptors one relayed connection may hold: its own and the upstream's, plus a pipe (two)
+/// while a direction splices; the pipe pool's idle pipes come on top.
+pub const FDS_PER_CONNECTION: u64 = 3;
+
+/// `max_connections` of a listener that does not set it, under an open-file limit of `nofile`: a
+/// quarter of what the HTTP side sizes itself to (`server::listener::connections_for_fd_limit`,
+/// which counts as if it had the whole table), at most 10,000. Before, every listener took 10,000
+/// whatever the limit: under the common 1,024 about 500 held connections ran the process out of
+/// descriptors, and the HTTP side's accept paused with them.
+pub fn default_max_connections(nofile: u64) -> usize {
+    (crate::server::listener::connections_for_fd_limit(nofile) / 4)
+        .clamp(1, MAX_DEFAULT_CONNECTIONS)
+}
+
+/// The descriptors `listeners` may hold at their connection limits ([`FDS_PER_CONNECTION`] per
+/// connection), if that is more than `nofile`.
+pub fn over_descriptor_budget(listeners: &[TcpConfig], nofile: u64) -> Option<u64> {
+    let need = listeners
+        .iter()
+        .map(|t| t.limit_under(nofile) as u64)
+        .fold(0u64, u64::saturating_add)
+        .saturating_mul(FDS_PER_CONNECTION);
+    (need > nofile).then_some(need)
 }
 /// No limit unless set: a TCP listener often carries one client's pool (an application server
 /// holding hundreds of database connections) or many clients behind one NAT, which a per-address
@@ -134,6 +160,17 @@ impl TcpConfig {
             }
         }
         self.upstream.as_deref()
+    }
+
+    /// `max_connections`, or, not set, its default for the current open-file limit.
+    pub fn connection_limit(&self) -> usize {
+        self.limit_under(crate::server::listener::nofile_limit())
+    }
+
+    /// `max_connections`, or, not set, its default for an open-file limit of `nofile`.
+    fn limit_under(&self, nofile: u64) -> usize {
+        self.max_connections
+            .unwrap_or_else(|| default_max_connections(nofile))
     }
 
     /// Terminates TLS here.
@@ -183,7 +220,7 @@ pub fn validate(listeners: &[TcpConfig], groups: &[GroupConfig]) -> Result<(), S
                 return Err(at(format!("{key} must be at least 1")));
             }
         }
-        if t.max_connections == 0 {
+        if t.max_connections == Some(0) {
             return Err(at("max_connections must be at least 1".into()));
         }
         if t.accept_proxy && t.trusted_proxies.is_empty() {
@@ -266,5 +303,36 @@ mod tests {
         assert!(
             toml::from_str::<TcpConfig>("listen = \"127.0.0.1:1\"\nsend_proxy = \"v3\"").is_err()
         );
+    }
+
+    /// Not set, `max_connections` follows the open-file limit: a quarter of what the HTTP side
+    /// takes, at most 10,000; a value the operator set is kept. Before, it was 10,000 under any
+    /// limit: 30,000 descriptors' worth under a limit of 1,024.
+    #[test]
+    fn max_connections_defaults_from_the_descriptor_limit() {
+        let unset = tcp("listen = \"127.0.0.1:1\"\nupstream = \"db\"");
+        assert_eq!(unset.max_connections, None);
+        // (1024 - 64) / 2 / 4.
+        assert_eq!(unset.limit_under(1024), 120);
+        assert_eq!(default_max_connections(1024), 120);
+        assert_eq!(unset.limit_under(1_048_576), 10_000);
+        assert_eq!(unset.limit_under(0), 1);
+        // Two listeners at their defaults stay within a small limit (720 descriptors of 1,024);
+        // one set past it does not.
+        assert_eq!(
+            over_descriptor_budget(&[unset.clone(), unset.clone()], 1024),
+            None
+        );
+        let set = tcp("listen = \"127.0.0.1:1\"\nupstream = \"db\"\nmax_connections = 5000");
+        assert_eq!(set.limit_under(1024), 5000);
+        assert_eq!(set.limit_under(1_048_576), 5000);
+        assert_eq!(
+            over_descriptor_budget(&[unset.clone(), set], 1024),
+            Some((120 + 5000) * 3)
+        );
+        // The default is not written back out: a config printed and loaded again keeps following
+        // the limit.
+        let printed = toml::to_string(&unset).unwrap();
+        assert!(!printed.contains("max_connections ="), "{printed}");
     }
 }

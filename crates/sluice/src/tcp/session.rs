@@ -453,8 +453,10 @@ async fn pump(
                     .map_err(|e| RelayError::Io(Side::Upstream, e))?;
             }
             match &mut down {
-                Downstream::Plain(d) => splice::relay_tcp(d, &up, shared.pool, &on_bytes).await,
-                Downstream::Tls(t) => splice::copy_both(&mut **t, &mut up, &on_bytes).await,
+                Downstream::Plain(d) => {
+                    splice::relay_tcp(d, &up, shared.pool, idle, &on_bytes).await
+                }
+                Downstream::Tls(t) => splice::copy_both(&mut **t, &mut up, idle, &on_bytes).await,
             }
         };
         tokio::select! {
@@ -471,6 +473,15 @@ async fn pump(
     };
     match result {
         Ok(how) => how,
+        // A peer that read nothing of what it was sent for `idle_timeout_secs`, however busy the
+        // other direction: ended as idle, and reset both ways, so the kernel drops what it still
+        // holds for it.
+        Err(e) if splice::is_stalled(&e) => {
+            splice::reset_on_close(down.tcp());
+            splice::reset_on_close(&up);
+            tracing::debug!(listener = %s.name, error = %e, "tcp relay ended: a write stalled");
+            "idle_timeout"
+        }
         Err(e) => {
             // A reset (or a broken socket) on one side is passed on as a reset to the other.
             splice::reset_on_close(down.tcp());
