@@ -447,9 +447,49 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     }
 }
 
+/// Whether `name=value` is one of the variables Kubernetes (and Docker's links) put in every pod
+/// for each Service of its namespace: a Service named `sluice` (the Helm chart's default
+/// release) gives `SLUICE_SERVICE_HOST`, `SLUICE_SERVICE_PORT[_<name>]`, `SLUICE_PORT=tcp://...`
+/// and `SLUICE_PORT_<n>_TCP[_PROTO|_PORT|_ADDR]`, one named `sluice-tcp` the same under
+/// `SLUICE_TCP_`. They name no key; taken for config they refused the start (a pod that never
+/// came up), so they are passed over.
+fn service_link(name: &str, value: &str) -> bool {
+    let name = name.to_ascii_uppercase();
+    if name.ends_with("_SERVICE_HOST") || name.contains("_SERVICE_PORT") {
+        return true;
+    }
+    let value = value.to_ascii_lowercase();
+    if name.ends_with("_PORT")
+        && ["tcp://", "udp://", "sctp://"]
+            .iter()
+            .any(|p| value.starts_with(p))
+    {
+        return true;
+    }
+    // `_PORT_<digits>_<TCP|UDP|SCTP>`, then nothing or `_PROTO`, `_PORT`, `_ADDR`.
+    let mut rest = name.as_str();
+    while let Some(at) = rest.find("_PORT_") {
+        let after = &rest[at + "_PORT_".len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 {
+            let tail = &after[digits..];
+            for proto in ["_TCP", "_UDP", "_SCTP"] {
+                if let Some(end) = tail.strip_prefix(proto) {
+                    if matches!(end, "" | "_PROTO" | "_PORT" | "_ADDR") {
+                        return true;
+                    }
+                }
+            }
+        }
+        rest = after;
+    }
+    false
+}
+
 /// Applies `SLUICE_<SECTION>_<KEY>=value`. A string key takes the value exactly as written;
 /// another key reads it as a TOML literal when it parses as one (numbers, booleans, arrays), and
-/// a comma list fills an array key.
+/// a comma list fills an array key. Kubernetes' service-link variables are passed over
+/// ([`service_link`]).
 fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
@@ -460,6 +500,10 @@ fn apply_env(
         let Some(rest) = name.strip_prefix("SLUICE_") else {
             continue;
         };
+        if service_link(&name, &raw) {
+            tracing::debug!(variable = %name, "a Service's link variable, not config: passed over");
+            continue;
+        }
         let rest = rest.to_ascii_lowercase();
         let Some(section) = sections.iter().find(|s| rest.starts_with(&format!("{s}_"))) else {
             bail!(
@@ -728,6 +772,44 @@ mod tests {
                 "{err}"
             );
             assert!(!err.contains("1234567"), "the value is never quoted: {err}");
+        }
+    }
+
+    /// The variables Kubernetes puts in a pod for a Service named `sluice` (the Helm chart's
+    /// default name) or `sluice-tcp` are no config: before, the first refused the start (no
+    /// section `service`), the second named `[[tcp]]`. A key of that shape is still a key.
+    #[test]
+    fn a_services_link_variables_are_passed_over() {
+        let links = [
+            ("SLUICE_SERVICE_HOST", "10.96.0.12"),
+            ("SLUICE_SERVICE_PORT", "8080"),
+            ("SLUICE_SERVICE_PORT_HTTP", "8080"),
+            ("SLUICE_PORT", "tcp://10.96.0.12:8080"),
+            ("SLUICE_PORT_8080_TCP", "tcp://10.96.0.12:8080"),
+            ("SLUICE_PORT_8080_TCP_PROTO", "tcp"),
+            ("SLUICE_PORT_8080_TCP_PORT", "8080"),
+            ("SLUICE_PORT_8080_TCP_ADDR", "10.96.0.12"),
+            ("SLUICE_TCP_SERVICE_HOST", "10.96.0.13"),
+            ("SLUICE_TCP_PORT", "tcp://10.96.0.13:5432"),
+            ("SLUICE_TCP_PORT_5432_TCP_ADDR", "10.96.0.13"),
+            ("SLUICE_SERVER_SHUTDOWN_GRACE_SECS", "7"),
+        ];
+        let config = Config::load(None, env(&links), &Overrides::default()).unwrap();
+        assert_eq!(config.server.shutdown_grace_secs, 7);
+        for (name, value) in links {
+            assert_eq!(
+                service_link(name, value),
+                name != "SLUICE_SERVER_SHUTDOWN_GRACE_SECS",
+                "{name}"
+            );
+        }
+        // Shapes close to a link's that are not one.
+        for (name, value) in [
+            ("SLUICE_SERVER_PORT", "8080"),
+            ("SLUICE_PORT_X_TCP", "tcp"),
+            ("SLUICE_UPSTREAM_PORT_8080", "1"),
+        ] {
+            assert!(!service_link(name, value), "{name}");
         }
     }
 
