@@ -8,12 +8,12 @@
 //! after the next restart. Only a disk too slow to take a slice within `disk_write_timeout_ms`
 //! (waiting for room, or waiting in the queue, behind a write that may never return) or a
 //! failing / full disk drops entries, counted in `disk_dropped_writes_total`; requests are served
-//! either way. Reads run on blocking threads, at most `READS` at once. [`DiskTier::flush`] lets a
-//! graceful shutdown write out what is queued. A file whose length or CRC does not match its
-//! header, or whose length is not the one its slice must have (its place in the object, under
-//! this run's `slice_bytes`), is deleted and reported as a miss, never served. A read that fails
-//! otherwise (descriptors exhausted, permission, a passing I/O error) is a miss that leaves the
-//! file alone.
+//! either way. Reads run on blocking threads, at most `READS` at once, and readers of one slice
+//! at once share one read. [`DiskTier::flush`] lets a graceful shutdown write out what is
+//! queued. A file whose length or CRC does not match its header, or whose length is not the
+//! one its slice must have (its place in the object, under this run's `slice_bytes`), is deleted
+//! and reported as a miss, never served. A read that fails otherwise (descriptors exhausted,
+//! permission, a passing I/O error) is a miss that leaves the file alone.
 //!
 //! Layout: the directory carries the slice size its files were cut with (`layout`); at start, a
 //! directory of another slice size (or of none: written before the stamp) is emptied, since its
@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::budget::Reservation;
 use super::memory::Slice;
@@ -358,6 +358,9 @@ pub struct DiskTier {
     /// a read's place moves into its blocking task and is held until that task ends, whenever
     /// the read's caller stopped waiting.
     reads: Arc<Semaphore>,
+    /// The slice reads in flight: a read of a slice already being read waits for that read's
+    /// answer instead of reading the file again.
+    flights: Flights,
     /// Set while the writer's current job has run past the write timeout.
     stall: Arc<Stall>,
     /// Jobs queued or being written.
@@ -418,6 +421,7 @@ impl DiskTier {
             jobs: tx,
             slots: Arc::new(Semaphore::new(opts.queue)),
             reads: read_places(),
+            flights: Flights::default(),
             stall: Arc::default(),
             pending: Arc::new(AtomicUsize::new(0)),
             stats: Arc::new(DiskStats::default()),
@@ -618,64 +622,101 @@ impl DiskTier {
     /// in `reads_refused`) or no answer (`read_timeouts`) within the read timeout. A slice still
     /// queued for writing is answered from the queue, as it was stored (no file to verify or mark
     /// as used yet).
+    ///
+    /// Reads of one slice at once share one file read (a live event's popular segment, let go
+    /// by the memory tier, read by every viewer at once: one read place and one copy, not one
+    /// each). The first reader takes the place and starts the read; later ones wait for its
+    /// answer within their own timeout, taking no place. A failed read (or one refused a place)
+    /// is a miss for all of them. The read's blocking task answers them and ends the flight
+    /// whenever its first reader stopped waiting; a first reader dropped before its read started
+    /// ends it unanswered, and the others try again.
     pub async fn read(&self, key: SliceKey) -> Option<Slice> {
-        let queued = self
-            .queued
-            .lock()
-            .expect("disk queue")
-            .slices
-            .get(&key)
-            .map(|(_, s)| s.clone());
-        if queued.is_some() {
-            return queued;
-        }
-        // The listing read from (its tick): a file found bad or gone unlists the slice only
-        // while it is still this listing, never one the writer made since (evicted and written
-        // again: its file is there).
-        let (length, listed) = {
-            let idx = self.index.lock().expect("disk index");
-            let &(_, listed) = idx.slices.get(&key)?;
-            (idx.length(key.object, key.generation), listed)
-        };
-        // The timeout bounds the whole read: the wait for a place (`READS`), then the read.
+        // The timeout bounds the whole read: the wait for a place (`READS`), then the read, or
+        // the wait for the read of another reader of the slice.
         let deadline = tokio::time::Instant::now() + self.read_timeout;
-        let place =
-            match tokio::time::timeout_at(deadline, self.reads.clone().acquire_owned()).await {
-                Ok(Ok(place)) => place,
-                _ => {
-                    // Every place of the process held (by reads a stalled disk does not
-                    // answer, or by as many at once): a miss, with no thread taken.
-                    self.stats.reads_refused.fetch_add(1, Ordering::Relaxed);
-                    return None;
+        loop {
+            let queued = self
+                .queued
+                .lock()
+                .expect("disk queue")
+                .slices
+                .get(&key)
+                .map(|(_, s)| s.clone());
+            if queued.is_some() {
+                return queued;
+            }
+            // The listing read from (its tick): a file found bad or gone unlists the slice only
+            // while it is still this listing, never one the writer made since (evicted and
+            // written again: its file is there).
+            let (length, listed) = {
+                let idx = self.index.lock().expect("disk index");
+                let &(_, listed) = idx.slices.get(&key)?;
+                (idx.length(key.object, key.generation), listed)
+            };
+            let (mut answer, lead) = {
+                let mut flights = self.flights.lock().expect("disk reads");
+                match flights.get(&key) {
+                    Some(answer) => (answer.clone(), None),
+                    None => {
+                        let (tx, answer) = watch::channel(None);
+                        flights.insert(key, answer.clone());
+                        let lead = Lead {
+                            flights: self.flights.clone(),
+                            key,
+                            tx,
+                            started: false,
+                        };
+                        (answer, Some(lead))
+                    }
                 }
             };
-        let reader = Reader {
-            root: self.root.clone(),
-            slice_bytes: self.slice_bytes,
-            index: self.index.clone(),
-            jobs: self.jobs.clone(),
-            pending: self.pending.clone(),
-            stats: self.stats.clone(),
-        };
-        #[cfg(test)]
-        let hooks = self.hooks.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            // Held until the file is read, however long after the caller stopped waiting.
-            let _place = place;
-            #[cfg(test)]
-            Hooks::run(&hooks.read);
-            reader.read(key, listed, length)
-        });
-        match tokio::time::timeout_at(deadline, read).await {
-            Ok(Ok(Some(bytes))) => {
-                self.index.lock().expect("disk index").touch(&key);
-                Some(Slice::new(vec![bytes]))
+            if let Some(mut lead) = lead {
+                let place =
+                    match tokio::time::timeout_at(deadline, self.reads.clone().acquire_owned())
+                        .await
+                    {
+                        Ok(Ok(place)) => place,
+                        _ => {
+                            // Every place of the process held (by reads a stalled disk does not
+                            // answer, or by as many at once): a miss, with no thread taken, for
+                            // this slice's other readers too.
+                            self.stats.reads_refused.fetch_add(1, Ordering::Relaxed);
+                            lead.answer(None);
+                            return None;
+                        }
+                    };
+                let reader = Reader {
+                    root: self.root.clone(),
+                    slice_bytes: self.slice_bytes,
+                    index: self.index.clone(),
+                    jobs: self.jobs.clone(),
+                    pending: self.pending.clone(),
+                    stats: self.stats.clone(),
+                };
+                #[cfg(test)]
+                let hooks = self.hooks.clone();
+                lead.started = true;
+                // Detached: the task answers the slice's readers and ends the flight, however
+                // long after this caller stopped waiting.
+                drop(tokio::task::spawn_blocking(move || {
+                    // Held until the file is read.
+                    let _place = place;
+                    #[cfg(test)]
+                    Hooks::run(&hooks.read);
+                    lead.answer(reader.read(key, listed, length));
+                }));
             }
-            Ok(_) => None,
-            Err(_) => {
-                self.stats.read_timeouts.fetch_add(1, Ordering::Relaxed);
-                None
-            }
+            let got =
+                match tokio::time::timeout_at(deadline, answer.wait_for(Option::is_some)).await {
+                    Ok(Ok(got)) => (*got).clone(),
+                    // The first reader went before its read started: try again (the flight is over).
+                    Ok(Err(_)) => continue,
+                    Err(_) => {
+                        self.stats.read_timeouts.fetch_add(1, Ordering::Relaxed);
+                        return None;
+                    }
+                };
+            return got.flatten().map(|bytes| Slice::new(vec![bytes]));
         }
     }
 
@@ -745,7 +786,10 @@ impl Reader {
         let path = slice_path(&self.root, &key);
         let slice_bytes = self.slice_bytes;
         let err = match read_slice(&path, |len| slice_fits(key.index, slice_bytes, length, len)) {
-            Ok(bytes) => return Some(bytes),
+            Ok(bytes) => {
+                self.index.lock().expect("disk index").touch(&key);
+                return Some(bytes);
+            }
             Err(e) => e,
         };
         let unlist = || {
@@ -776,6 +820,48 @@ impl Reader {
             }
         }
         None
+    }
+}
+
+/// The answer of a slice read in flight: `None` until the read ends, then the slice (`None`:
+/// a miss). Closed unanswered when its first reader went before the read started.
+type Answer = watch::Receiver<Option<Option<Bytes>>>;
+
+/// The slice reads in flight, each under its slice, from the first reader's look-up until its
+/// read ends ([`Lead`]).
+type Flights = Arc<Mutex<HashMap<SliceKey, Answer>>>;
+
+/// A slice read in flight, held by its first reader until the read starts, then by the read's
+/// blocking task: it answers the slice's readers, and its drop ends the flight (takes it out of
+/// [`Flights`]) however the read ends, so no flight outlives its read. Only a lead takes its
+/// flight out, and a reader puts one in only where none is: the slice's flight is its own.
+struct Lead {
+    flights: Flights,
+    key: SliceKey,
+    tx: watch::Sender<Option<Option<Bytes>>>,
+    /// Whether the read started: unanswered (its task panicked), the readers get a miss; not
+    /// started (the first reader dropped while waiting for a place), they try again.
+    started: bool,
+}
+
+impl Lead {
+    fn answer(mut self, bytes: Option<Bytes>) {
+        self.tx.send_replace(Some(bytes));
+        self.started = false;
+    }
+}
+
+impl Drop for Lead {
+    fn drop(&mut self) {
+        if self.started {
+            self.tx.send_replace(Some(None));
+        }
+        // Also run while a panic unwinds: never a second panic on a poisoned lock.
+        self.flights
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.key);
+        // `tx` goes after this: a reader that finds the flight closed finds it gone too.
     }
 }
 
@@ -2129,11 +2215,16 @@ mod tests {
         // The tier a reload builds meanwhile (here over another directory).
         let dir2 = tempfile::tempdir().unwrap();
         let reloaded = open(dir2.path());
-        for tier in [&tier, &reloaded] {
-            tier.write_slice(key(0), Slice::new(vec![Bytes::from(vec![1u8; 100])]), None)
+        // Slices of their own (reads of one slice at once share one read), and one more.
+        for i in 0..=READS as u64 {
+            tier.write_slice(key(i), Slice::new(vec![Bytes::from(vec![1u8; 100])]), None)
                 .await;
-            assert!(tier.flush(Duration::from_secs(10)).await);
         }
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        reloaded
+            .write_slice(key(0), Slice::new(vec![Bytes::from(vec![1u8; 100])]), None)
+            .await;
+        assert!(reloaded.flush(Duration::from_secs(10)).await);
         let started = Arc::new(AtomicUsize::new(0));
         let (hook, _entered, release) = hang();
         let s = started.clone();
@@ -2142,10 +2233,10 @@ mod tests {
             hook();
         }));
         let tier = Arc::new(tier);
-        let reads: Vec<_> = (0..READS)
-            .map(|_| {
+        let reads: Vec<_> = (0..READS as u64)
+            .map(|i| {
                 let tier = tier.clone();
-                tokio::spawn(async move { tier.read(key(0)).await })
+                tokio::spawn(async move { tier.read(key(i)).await })
             })
             .collect();
         for r in reads {
@@ -2158,9 +2249,9 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(started.load(Ordering::SeqCst), READS);
-        // Every place is held by a read the disk does not answer: the next read is a miss,
-        // and takes no thread.
-        assert!(tier.read(key(0)).await.is_none());
+        // Every place is held by a read the disk does not answer: the next read (of another
+        // slice) is a miss, and takes no thread.
+        assert!(tier.read(key(READS as u64)).await.is_none());
         assert_eq!(
             started.load(Ordering::SeqCst),
             READS,
@@ -2230,6 +2321,184 @@ mod tests {
         assert!(tier.flush(Duration::from_secs(10)).await);
         assert!(!path.exists());
         assert_eq!(tier.stats.corrupt.load(Ordering::Relaxed), 1);
+    }
+
+    /// A tier with a long read timeout over one slice of 100 bytes on disk (key 0), whose reads
+    /// hang in `hook` until `release` is dropped; `started` counts the file reads begun.
+    async fn a_slice_read_through(
+        dir: &Path,
+    ) -> (
+        Arc<DiskTier>,
+        Arc<AtomicUsize>,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
+        let (tier, _) = DiskTier::open(
+            dir,
+            DiskOptions {
+                read_timeout: Duration::from_secs(60),
+                ..opts(1 << 20)
+            },
+        )
+        .unwrap();
+        tier.write_slice(key(0), Slice::new(vec![Bytes::from(vec![1u8; 100])]), None)
+            .await;
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        let started = Arc::new(AtomicUsize::new(0));
+        let (hook, entered, release) = hang();
+        let s = started.clone();
+        *tier.hooks.read.lock().unwrap() = Some(Arc::new(move || {
+            s.fetch_add(1, Ordering::SeqCst);
+            hook();
+        }));
+        (Arc::new(tier), started, entered, release)
+    }
+
+    /// Lets the test's spawned readers run up to their waits (this runtime is current-thread:
+    /// each is polled once per round).
+    async fn settle() {
+        for _ in 0..64 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Finding: concurrent reads of one slice on disk (a live event's popular segment, let go
+    /// by the memory tier) each read the file: 32 viewers took the process's 32 read places
+    /// (every other slice's read refused meanwhile) and held 32 copies. They share one read:
+    /// one place, one file read, one copy of the bytes.
+    #[tokio::test]
+    async fn reads_of_one_slice_at_once_share_one_file_read() {
+        const N: usize = 8;
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, started, entered, release) = a_slice_read_through(dir.path()).await;
+        let reads: Vec<_> = (0..N)
+            .map(|_| {
+                let tier = tier.clone();
+                tokio::spawn(async move { tier.read(key(0)).await })
+            })
+            .collect();
+        until_entered(&entered).await;
+        settle().await;
+        assert_eq!(tier.reads.available_permits(), READS - 1, "places taken");
+        drop(release);
+        let mut got = Vec::new();
+        for r in reads {
+            got.push(r.await.unwrap().expect("a hit"));
+        }
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            1,
+            "file reads for {N} readers"
+        );
+        for slice in &got {
+            assert_eq!(slice.chunks[0], Bytes::from(vec![1u8; 100]));
+            assert_eq!(
+                slice.chunks[0].as_ptr(),
+                got[0].chunks[0].as_ptr(),
+                "a copy"
+            );
+        }
+        assert!(tier.flights.lock().unwrap().is_empty(), "a flight left");
+        assert_eq!(tier.reads.available_permits(), READS);
+        // The flight is over: the next read reads the file.
+        assert!(tier.read(key(0)).await.is_some());
+        assert_eq!(started.load(Ordering::SeqCst), 2);
+    }
+
+    /// The read belongs to its blocking task, not to its first reader: a first reader that
+    /// goes (its client gone) leaves the others their answer, and the flight ends with the read.
+    /// One that goes before its read started (waiting for a place) leaves the others to try
+    /// again.
+    #[tokio::test]
+    async fn a_shared_read_answers_after_its_first_reader_went() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, started, entered, release) = a_slice_read_through(dir.path()).await;
+        let t = tier.clone();
+        let first = tokio::spawn(async move { t.read(key(0)).await });
+        until_entered(&entered).await;
+        let t = tier.clone();
+        let second = tokio::spawn(async move { t.read(key(0)).await });
+        settle().await;
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        assert_eq!(
+            tier.flights.lock().unwrap().len(),
+            1,
+            "the read is in flight"
+        );
+        drop(release);
+        let got = second
+            .await
+            .unwrap()
+            .expect("the first reader's read answers");
+        assert_eq!(got.chunks[0], Bytes::from(vec![1u8; 100]));
+        assert_eq!(started.load(Ordering::SeqCst), 1, "file reads");
+        for _ in 0..2000 {
+            if tier.flights.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(tier.flights.lock().unwrap().is_empty(), "a flight left");
+        // A first reader that goes while it waits for a place: the other reader leads anew.
+        let held = tier
+            .reads
+            .clone()
+            .acquire_many_owned(READS as u32)
+            .await
+            .unwrap();
+        let t = tier.clone();
+        let first = tokio::spawn(async move { t.read(key(0)).await });
+        settle().await;
+        let t = tier.clone();
+        let second = tokio::spawn(async move { t.read(key(0)).await });
+        settle().await;
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        drop(held);
+        assert!(
+            second.await.unwrap().is_some(),
+            "the other reader tried again"
+        );
+        assert_eq!(started.load(Ordering::SeqCst), 2);
+        assert!(tier.flights.lock().unwrap().is_empty(), "a flight left");
+    }
+
+    /// A shared read that fails is a miss for every reader (one failure, counted once), and ends
+    /// its flight: the next read reads the file again (here found good again).
+    #[tokio::test]
+    async fn a_failed_shared_read_is_a_miss_for_all_and_the_next_read_tries_again() {
+        const N: usize = 8;
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, started, entered, release) = a_slice_read_through(dir.path()).await;
+        let path = slice_path(dir.path(), &key(0));
+        let raw = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        let reads: Vec<_> = (0..N)
+            .map(|_| {
+                let tier = tier.clone();
+                tokio::spawn(async move { tier.read(key(0)).await })
+            })
+            .collect();
+        until_entered(&entered).await;
+        settle().await;
+        drop(release);
+        for r in reads {
+            assert!(r.await.unwrap().is_none(), "a failed read answered");
+        }
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            1,
+            "file reads for {N} readers"
+        );
+        assert_eq!(tier.stats.read_errors.load(Ordering::Relaxed), 1);
+        assert!(tier.flights.lock().unwrap().is_empty(), "a flight left");
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, &raw).unwrap();
+        let got = tier.read(key(0)).await.expect("the next read reads again");
+        assert_eq!(got.chunks[0], Bytes::from(vec![1u8; 100]));
+        assert_eq!(started.load(Ordering::SeqCst), 2);
     }
 
     /// Finding: two processes over one directory (the old and the new binary during an
