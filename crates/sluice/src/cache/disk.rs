@@ -656,10 +656,17 @@ impl DiskTier {
             let (mut answer, lead) = {
                 let mut flights = self.flights.lock().expect("disk reads");
                 match flights.get(&key) {
-                    Some(answer) => (answer.clone(), None),
+                    // A read under way longer than a whole read may take (a hung disk): no one
+                    // waits a timeout on it again, each reader of the slice misses at once.
+                    Some((began, _)) if began.elapsed() >= self.read_timeout => {
+                        drop(flights);
+                        self.stats.reads_refused.fetch_add(1, Ordering::Relaxed);
+                        return None;
+                    }
+                    Some((_, answer)) => (answer.clone(), None),
                     None => {
                         let (tx, answer) = watch::channel(None);
-                        flights.insert(key, answer.clone());
+                        flights.insert(key, (tokio::time::Instant::now(), answer.clone()));
                         let lead = Lead {
                             flights: self.flights.clone(),
                             key,
@@ -678,10 +685,11 @@ impl DiskTier {
                         Ok(Ok(place)) => place,
                         _ => {
                             // Every place of the process held (by reads a stalled disk does not
-                            // answer, or by as many at once): a miss, with no thread taken, for
-                            // this slice's other readers too.
+                            // answer, or by as many at once): a miss, with no thread taken. The
+                            // flight ends unanswered: the slice's other readers try again within
+                            // their own timeouts (each one joined later than this one).
                             self.stats.reads_refused.fetch_add(1, Ordering::Relaxed);
-                            lead.answer(None);
+                            drop(lead);
                             return None;
                         }
                     };
@@ -829,7 +837,8 @@ type Answer = watch::Receiver<Option<Option<Bytes>>>;
 
 /// The slice reads in flight, each under its slice, from the first reader's look-up until its
 /// read ends ([`Lead`]).
-type Flights = Arc<Mutex<HashMap<SliceKey, Answer>>>;
+/// Each with the instant its first reader started it.
+type Flights = Arc<Mutex<HashMap<SliceKey, (tokio::time::Instant, Answer)>>>;
 
 /// A slice read in flight, held by its first reader until the read starts, then by the read's
 /// blocking task: it answers the slice's readers, and its drop ends the flight (takes it out of
@@ -2354,6 +2363,59 @@ mod tests {
         (Arc::new(tier), started, entered, release)
     }
 
+    /// Review of 626f30c0: a read hung past the read timeout (a hard NFS mount) made every
+    /// later reader of the slice wait a whole timeout on it again; they miss at once instead,
+    /// counted as refused, and no second file read starts.
+    #[tokio::test]
+    async fn a_read_hung_past_its_timeout_is_not_waited_on_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tier, _) = DiskTier::open(
+            dir.path(),
+            DiskOptions {
+                read_timeout: Duration::from_millis(200),
+                ..opts(1 << 20)
+            },
+        )
+        .unwrap();
+        tier.write_slice(key(0), Slice::new(vec![Bytes::from(vec![1u8; 100])]), None)
+            .await;
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        let started = Arc::new(AtomicUsize::new(0));
+        let (hook, entered, release) = hang();
+        let s = started.clone();
+        *tier.hooks.read.lock().unwrap() = Some(Arc::new(move || {
+            s.fetch_add(1, Ordering::SeqCst);
+            hook();
+        }));
+        // The first reader starts the read, which hangs, and gives up at its timeout.
+        assert!(tier.read(key(0)).await.is_none());
+        until_entered(&entered).await;
+        assert_eq!(tier.stats.read_timeouts.load(Ordering::Relaxed), 1);
+        // The flight is older than a whole read may take: a later reader does not join it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(tier.read(key(0)).await.is_none());
+        assert_eq!(
+            tier.stats.read_timeouts.load(Ordering::Relaxed),
+            1,
+            "a later reader waited on the hung read"
+        );
+        assert_eq!(tier.stats.reads_refused.load(Ordering::Relaxed), 1);
+        assert_eq!(started.load(Ordering::SeqCst), 1, "file reads");
+        drop(release);
+    }
+
+    /// Waits until no read is in flight (a read's task ends its flight just after it answers
+    /// its readers), at most 10 s.
+    async fn flights_end(tier: &DiskTier) {
+        for _ in 0..2000 {
+            if tier.flights.lock().unwrap().is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("a flight left");
+    }
+
     /// Lets the test's spawned readers run up to their waits (this runtime is current-thread:
     /// each is polled once per round).
     async fn settle() {
@@ -2398,7 +2460,7 @@ mod tests {
                 "a copy"
             );
         }
-        assert!(tier.flights.lock().unwrap().is_empty(), "a flight left");
+        flights_end(&tier).await;
         assert_eq!(tier.reads.available_permits(), READS);
         // The flight is over: the next read reads the file.
         assert!(tier.read(key(0)).await.is_some());
@@ -2433,13 +2495,7 @@ mod tests {
             .expect("the first reader's read answers");
         assert_eq!(got.chunks[0], Bytes::from(vec![1u8; 100]));
         assert_eq!(started.load(Ordering::SeqCst), 1, "file reads");
-        for _ in 0..2000 {
-            if tier.flights.lock().unwrap().is_empty() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        assert!(tier.flights.lock().unwrap().is_empty(), "a flight left");
+        flights_end(&tier).await;
         // A first reader that goes while it waits for a place: the other reader leads anew.
         let held = tier
             .reads
@@ -2461,7 +2517,7 @@ mod tests {
             "the other reader tried again"
         );
         assert_eq!(started.load(Ordering::SeqCst), 2);
-        assert!(tier.flights.lock().unwrap().is_empty(), "a flight left");
+        flights_end(&tier).await;
     }
 
     /// A shared read that fails is a miss for every reader (one failure, counted once), and ends
@@ -2493,7 +2549,7 @@ mod tests {
             "file reads for {N} readers"
         );
         assert_eq!(tier.stats.read_errors.load(Ordering::Relaxed), 1);
-        assert!(tier.flights.lock().unwrap().is_empty(), "a flight left");
+        flights_end(&tier).await;
         std::fs::remove_dir(&path).unwrap();
         std::fs::write(&path, &raw).unwrap();
         let got = tier.read(key(0)).await.expect("the next read reads again");
