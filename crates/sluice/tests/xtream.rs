@@ -1016,6 +1016,85 @@ async fn an_xc_username_token_holds_at_most_its_share() {
     assert_eq!(r.status, StatusCode::OK);
 }
 
+/// Each `player_api.php` login seals the account under a fresh nonce, so one account's username
+/// token has a new spelling per login: the holder of a leaked one gets another by logging in with
+/// it. Its in-flight share is counted by what it grants (the provider, the user there, the
+/// expiry and address binding), so a holder at `media.max_requests_per_token` on one spelling
+/// gets no fresh share from another; another user's token keeps its own.
+#[tokio::test]
+async fn an_xc_username_token_respelled_by_a_login_holds_the_same_share() {
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    c.media.max_requests_per_token = 2;
+    c.media.max_requests_per_client = 10;
+    let s = Sluice::start(c).await;
+    let first = login(&p, &s).await;
+    // The leaked token logs in again and is handed another spelling of the same grant.
+    let r = get(&s.url(&format!(
+        "/player_api.php?username={first}&password={XC_PASS}"
+    )))
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let v: Value = serde_json::from_str(&text(&r)).unwrap();
+    let second = v["user_info"]["username"].as_str().unwrap().to_string();
+    assert_ne!(second, first);
+    let key = sluice_media::token::sealed::SealedKey::derive(API_PW);
+    let grant = key.open(&first).unwrap();
+    assert_eq!(key.open(&second).unwrap(), grant);
+    let held_url = s.url(&format!("/live/{first}/{XC_PASS}/999.ts"));
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let url = held_url.clone();
+            tokio::spawn(async move { get(&url).await })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|q| *q == HELD_STREAM)
+        .count()
+        < 2
+    {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let live = |user: &str| s.url(&format!("/live/{user}/{XC_PASS}/101.ts"));
+    let r = get(&live(&second)).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(text(&r).contains("this token has too many"), "{}", text(&r));
+    // Another user's token (the same grant but for `xc_user`) has its own share: it reaches the
+    // panel, which does not know that user.
+    let mut other = grant.clone();
+    for (k, v) in other.params.iter_mut() {
+        if k == "xc_user" {
+            *v = "bob".into();
+        }
+    }
+    assert_ne!(other, grant);
+    let bob = key.seal(&other, [11; 24]);
+    let r = get(&live(&bob)).await;
+    assert_ne!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|q| q == &format!("/live/bob/{XC_PASS}/101.ts")));
+    for h in held {
+        assert_eq!(h.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
+    }
+    // Once the held ones end, either spelling streams.
+    for user in [&first, &second] {
+        let r = get(&live(user)).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+    }
+}
+
 /// Opens `path` as the client `10.0.0.N` behind sluice's trusted proxy and reads only the head of
 /// the answer (and the whole body of one that is not a 200): the socket is left unread.
 async fn unread(addr: SocketAddr, path: &str, client: u8) -> (StatusCode, String, TcpStream) {

@@ -52,7 +52,8 @@ impl App {
             None => crate::media::xtream::Xtream::sealed_user(ctx),
             Some(_) => None,
         };
-        if ctx.token.is_some() || xc_user.is_some() {
+        let is_xc = xc_user.is_some();
+        if ctx.token.is_some() || is_xc {
             let raw = match xc_user {
                 Some(user) => user,
                 None => split_path_token(req.uri().path())
@@ -67,10 +68,15 @@ impl App {
             // A MediaFlow token has many spellings: its base64 decodes leniently, and with no MAC
             // flipping IV bits rewrites its first JSON block while it still parses (`": "` with a
             // tab, `Http://`). It counts by what it grants, in one canonical form (tagged apart
-            // from a text); failing that, by its decoded bytes. A sealed token has one spelling.
-            let bytes = match sluice_media::token::sealed::is_sealed(&raw) {
-                true => None,
-                false => mediaflow_key(claims, &raw),
+            // from a text); failing that, by its decoded bytes. An XC username has one spelling
+            // per login (each `player_api.php` seals the account under a fresh nonce), so it
+            // counts by the account and limits it grants; one that does not open is refused by
+            // the XC handler, and counts by its text meanwhile. Another sealed token has one
+            // spelling.
+            let bytes = match (sluice_media::token::sealed::is_sealed(&raw), is_xc) {
+                (true, true) => self.xtream_key(ctx, &raw),
+                (true, false) => None,
+                (false, _) => mediaflow_key(claims, &raw),
             }
             .unwrap_or_else(|| [b"t".as_slice(), raw.as_bytes()].concat());
             let key: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&bytes).into();
@@ -82,6 +88,27 @@ impl App {
             );
         }
         Ok(places)
+    }
+
+    /// What an XC username token's in-flight share is keyed on: the account it grants (the
+    /// provider and the user there) and its limits (expiry and address binding), tagged apart
+    /// from a MediaFlow token's claims and a token's text. `None` when it does not open as an XC
+    /// username here, or when the client's network is past its wrong passwords: then it is not
+    /// opened at all, as the XC handler opens none for it ([`App::token_limited`]).
+    #[cfg(feature = "media")]
+    fn xtream_key(&self, ctx: &RequestContext, raw: &str) -> Option<Vec<u8>> {
+        self.token_limited(ctx.client_ip).ok()?;
+        let gate = self.keys.tokens()?;
+        let account = crate::media::xtream::open_user(&gate, raw, ctx.client_ip).ok()?;
+        let (exp, ip) = account.limit.map(|l| (l.exp, l.ip)).unwrap_or_default();
+        let exp = exp.map(|e| e.to_string()).unwrap_or_default();
+        let ip = ip.unwrap_or_default();
+        let mut out = b"x".to_vec();
+        for field in [&account.server, &account.user, &exp, &ip] {
+            out.extend_from_slice(&(field.len() as u64).to_be_bytes());
+            out.extend_from_slice(field.as_bytes());
+        }
+        Some(out)
     }
 
     /// Whether `offered` is the API password (always, without one), compared only when the

@@ -84,14 +84,14 @@ pub struct Xtream {
 }
 
 /// A provider account a request resolved to.
-struct Resolved {
+pub(crate) struct Resolved {
     /// `scheme://host[:port][/path]`, no trailing slash.
-    server: String,
-    user: String,
+    pub(crate) server: String,
+    pub(crate) user: String,
     /// The limits of the credential it came with (a sealed username's own, or the request's
     /// MediaFlow token's): every token minted for it inherits their expiry and address binding,
     /// so a short-lived or address-bound credential cannot be traded for a lasting one.
-    limit: Option<TokenScope>,
+    pub(crate) limit: Option<TokenScope>,
 }
 
 impl Xtream {
@@ -194,31 +194,15 @@ impl Xtream {
             if let Some(attempt) = attempt {
                 attempt.check()?;
             }
-            let opened = gate.open(raw, ctx.client_ip, token::now()).map_err(|why| {
-                tracing::debug!(reason = %why, "XC username token refused");
-                if let Some(attempt) = attempt.filter(|_| why.is_guess()) {
-                    attempt.charge_token(raw);
+            return open_user(&gate, raw, ctx.client_ip).map_err(|why| {
+                if let Some(why) = why {
+                    tracing::debug!(reason = %why, "XC username token refused");
+                    if let Some(attempt) = attempt.filter(|_| why.is_guess()) {
+                        attempt.charge_token(raw);
+                    }
                 }
                 refusal()
-            })?;
-            if opened.scope.paths.as_deref() != Some(&[XC_SCOPE.to_string()][..]) {
-                return Err(refusal());
-            }
-            let param = |name: &str| {
-                opened
-                    .params
-                    .iter()
-                    .find(|(k, _)| k == name)
-                    .map(|(_, v)| v.clone())
-            };
-            return match (param(SERVER_PARAM), param(USER_PARAM)) {
-                (Some(server), Some(user)) => Ok(Resolved {
-                    server,
-                    user,
-                    limit: Some(opened.scope),
-                }),
-                _ => Err(refusal()),
-            };
+            });
         }
         let account = xtream::parse_username(raw).map_err(|e| bad(&e.to_string()))?;
         if !password_ok(account.api_password.as_deref()) {
@@ -386,6 +370,35 @@ impl Xtream {
             resp.headers_mut().insert(header::LOCATION, v);
         }
         resp
+    }
+}
+
+/// The account a sealed XC username grants, opened under `gate` for `client` (its expiry and
+/// address binding checked) and scoped to XC alone. A refusal carries the gate's reason when the
+/// gate refused it, `None` when it opened to something that is not an XC username's grant.
+pub(crate) fn open_user(
+    gate: &token::TokenGate,
+    raw: &str,
+    client: IpAddr,
+) -> Result<Resolved, Option<token::TokenRefusal>> {
+    let opened = gate.open(raw, client, token::now()).map_err(Some)?;
+    if opened.scope.paths.as_deref() != Some(&[XC_SCOPE.to_string()][..]) {
+        return Err(None);
+    }
+    let param = |name: &str| {
+        opened
+            .params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    match (param(SERVER_PARAM), param(USER_PARAM)) {
+        (Some(server), Some(user)) => Ok(Resolved {
+            server,
+            user,
+            limit: Some(opened.scope),
+        }),
+        _ => Err(None),
     }
 }
 
