@@ -1899,6 +1899,113 @@ async fn rtsp_starts_are_bounded_per_client_in_rate() {
     );
 }
 
+/// A player retrying a dead `/rtsp/` channel: a port that refuses, a name that does not
+/// resolve. Each request took a start from its client's bucket when its hub was made, though
+/// its session never reached a server (a multicast join that fails before sending anything
+/// takes none), so past the burst (8) the household's retries, and its next real channel,
+/// were 429. A setup that never connected gives its start back: 24 such failures are each
+/// the same 502. A setup that connected (a server that closes at once) still spends its
+/// start: past the burst it is refused.
+#[tokio::test]
+async fn setups_that_reach_no_server_spend_no_start() {
+    let refused = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let closing = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closing_port = closing.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = closing.accept().await {
+            drop(tcp);
+        }
+    });
+    let mut cfg = rtsp_config();
+    cfg.max_subscribers_per_client = 2;
+    let gw = Gateway::start(cfg).await;
+    let mut statuses = Vec::new();
+    for i in 0..24 {
+        // `.invalid` names fail in the resolver itself (RFC 6761): no query leaves the machine.
+        let path = match i % 2 {
+            0 => format!("/rtsp/127.0.0.1:{refused}/dead{i}"),
+            _ => format!("/rtsp/camera.invalid/dead{i}"),
+        };
+        let resp = get_from_ip(&gw, "127.0.0.1", &path).await;
+        statuses.push(resp.status().as_u16());
+        let status = resp.status();
+        let body = body_text(resp).await;
+        assert_eq!(
+            (status.as_u16(), body.as_str()),
+            (502, "the RTSP server failed\n"),
+            "request {i}: {statuses:?}"
+        );
+    }
+    // Connected, then failed: spent, so refused past the burst.
+    let mut statuses = Vec::new();
+    for i in 0..16 {
+        let path = format!("/rtsp/127.0.0.1:{closing_port}/closed{i}");
+        let resp = get_from_ip(&gw, "127.0.0.2", &path).await;
+        statuses.push(resp.status().as_u16());
+        if resp.status() == 429 {
+            break;
+        }
+        assert_eq!(resp.status(), 502, "{statuses:?}");
+    }
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
+    assert!(statuses.len() > 8, "refused within the burst: {statuses:?}");
+}
+
+/// The address guard's check of an `/rtsp/` server resolves the name the client chose, and it
+/// ran before the client's bounds were looked at: a client past its start rate still made the
+/// gateway resolve a name (of its choosing) per request, only to be refused afterwards. Its
+/// bounds now come first, spending nothing: past its rate (spent here on multicast joins, with
+/// the guard refusing loopback), an RTSP request for an address the guard refuses is the 429
+/// of the rate, not the guard's 403 (the check before which the lookup ran).
+#[tokio::test]
+async fn a_start_the_rate_refuses_is_refused_before_the_guard_looks_up_its_server() {
+    let mut cfg = rtsp_config();
+    cfg.max_subscribers_per_client = 1;
+    // Each join without data answers 504 at once.
+    cfg.no_data_timeout_ms = 50;
+    let mut registry = prometheus_client::registry::Registry::default();
+    // The guard as deployed: private addresses refused.
+    let upstream =
+        sluice::upstream::Upstream::new(&sluice::config::UpstreamConfig::default(), &mut registry)
+            .unwrap();
+    let iptv = sluice::iptv::Iptv::new(cfg, upstream, &mut registry).unwrap();
+    let gw = Gateway::serve(iptv).await;
+    let peer = "192.0.2.7:40000";
+    let wait = Duration::from_secs(10);
+    let mut statuses = Vec::new();
+    for i in 1..=40 {
+        let path = format!("/udp/239.71.77.{i}:46477?iface=lo");
+        let resp = rtsp_as(&gw, peer, &path, wait).await.expect("an answer");
+        statuses.push(resp.status().as_u16());
+        match resp.status().as_u16() {
+            504 => continue,
+            429 => break,
+            other => panic!("join {i}: {other}: {statuses:?}"),
+        }
+    }
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
+    // At 1 start every 2 s, the bucket is a start away for over a second now.
+    let resp = rtsp_as(&gw, peer, "/rtsp/10.71.0.1:554/live", wait)
+        .await
+        .expect("an answer");
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body.contains("this client is starting new channels too fast"),
+        "{body}"
+    );
+    // Another client is still told by the guard.
+    let resp = rtsp_as(&gw, "192.0.2.8:40000", "/rtsp/10.71.0.1:554/live", wait)
+        .await
+        .expect("an answer");
+    assert_eq!(resp.status(), 403);
+}
+
 /// The session the server gave the SETUP of `path`, and the sessions TEARDOWN named so far.
 fn sessions_of(server: &PacedServer, path: &str) -> (Option<String>, Vec<String>) {
     let sessions = server.sessions.lock().unwrap();

@@ -13,6 +13,8 @@
 //! for new groups and hanging up made one IGMP join and one leave per request, as fast as it
 //! could ask, and every group left kept flowing for the routers' leave latency. An RTSP
 //! channel's start (a session set up on its server, and torn down) is bounded the same way.
+//! A start that fails before reaching the network spends none: a multicast join that sent
+//! nothing (`sent`), an RTSP session that never connected to a server (`remove_unreached`).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -131,6 +133,10 @@ pub struct Registry {
     clients: Mutex<HashMap<IpAddr, usize>>,
     /// Channel starts left per client address (`client_of`; full buckets are forgotten).
     starts: Mutex<HashMap<IpAddr, Starts>>,
+    /// RTSP hubs in the table (by address, `hub_addr`) that took a start, and the client whose
+    /// start it was: given back by `remove_unreached` when the session never reached a server.
+    /// Entries are made and leave (`unlink`) under the table lock.
+    rtsp_starts: Mutex<HashMap<usize, IpAddr>>,
     next_id: AtomicU64,
     pub metrics: Metrics,
     pub settings: HubSettings,
@@ -144,6 +150,7 @@ impl Registry {
             total: AtomicUsize::new(0),
             clients: Mutex::new(HashMap::new()),
             starts: Mutex::new(HashMap::new()),
+            rtsp_starts: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             metrics,
             settings,
@@ -163,24 +170,9 @@ impl Registry {
         peer: Option<std::net::SocketAddr>,
     ) -> Result<Subscription, Refusal> {
         let mut table = self.table();
-        let total = self.total.load(Ordering::Acquire);
-        if over(self.limits.subscribers, total) {
-            return Err(Refusal::Subscribers(self.limits.subscribers));
-        }
-        // Checked before a hub is started: one client must not make the gateway join groups
-        // (or exhaust `max_channels`) beyond its share.
         let client = peer.map(|p| client_of(p.ip()));
-        // A channel this request would start: bounded per client in rate too. A multicast
-        // group's join, or an RTSP session (a connection, DESCRIBE, SETUP and PLAY to its
-        // server, and a TEARDOWN when released): before, RTSP starts were left out, and a
-        // client zapping through `/rtsp/` paths made one session per request, as fast as it
-        // could ask (each released at once at its share).
-        let starts = !table.contains_key(&key);
+        let starts = self.check_limits(&table, &key, client)?;
         if let Some(client) = client {
-            self.check_share(client)?;
-            if starts {
-                self.check_starts(client, Instant::now())?;
-            }
             self.make_room(&mut table, client, &key)?;
         }
         let hub = match table.get(&key) {
@@ -229,6 +221,11 @@ impl Registry {
                 // and spent under this one table lock, so no other start comes between.
                 if let (Some(client), true) = (client, starts) {
                     self.spend_start(client, Instant::now());
+                    // An RTSP session connects later, in its task: the start is given back
+                    // there if it never reaches a server (`remove_unreached`).
+                    if hub.key.rtsp.is_some() && self.start_bucket().is_some() {
+                        lock(&self.rtsp_starts).insert(hub_addr(&hub), client);
+                    }
                 }
                 self.metrics.hubs.inc();
                 *lock(&hub.starter) = client;
@@ -240,6 +237,49 @@ impl Registry {
             return Err(Refusal::PerHub(self.limits.per_hub));
         }
         Ok(self.attach(hub, peer))
+    }
+
+    /// The refusals `subscribe` gives before any work, in its order: the gateway's
+    /// subscribers, then the client's share and, for a channel `table` does not hold (one this
+    /// request would start), its start rate. Returns whether the request would start `key`.
+    fn check_limits(
+        &self,
+        table: &HashMap<HubKey, Arc<Hub>>,
+        key: &HubKey,
+        client: Option<IpAddr>,
+    ) -> Result<bool, Refusal> {
+        let total = self.total.load(Ordering::Acquire);
+        if over(self.limits.subscribers, total) {
+            return Err(Refusal::Subscribers(self.limits.subscribers));
+        }
+        // A channel this request would start: bounded per client in rate too. A multicast
+        // group's join, or an RTSP session (a connection, DESCRIBE, SETUP and PLAY to its
+        // server, and a TEARDOWN when released): before, RTSP starts were left out, and a
+        // client zapping through `/rtsp/` paths made one session per request, as fast as it
+        // could ask (each released at once at its share).
+        let starts = !table.contains_key(key);
+        // Checked before a hub is started: one client must not make the gateway join groups
+        // (or exhaust `max_channels`) beyond its share.
+        if let Some(client) = client {
+            self.check_share(client)?;
+            if starts {
+                self.check_starts(client, Instant::now())?;
+            }
+        }
+        Ok(starts)
+    }
+
+    /// What `subscribe` would refuse `key` for now, before it starts anything, spending
+    /// nothing: for work a start needs before it subscribes (an RTSP server's name resolved
+    /// for the address guard), which a request the client's bounds refuse must not cause.
+    pub fn precheck(
+        &self,
+        key: &HubKey,
+        peer: Option<std::net::SocketAddr>,
+    ) -> Result<(), Refusal> {
+        let table = self.table();
+        self.check_limits(&table, key, peer.map(|p| client_of(p.ip())))
+            .map(|_| ())
     }
 
     /// Refuses a client that watches its whole share already (nothing to release for it).
@@ -302,6 +342,17 @@ impl Registry {
         let bucket = starts.entry(client).or_insert(full);
         *bucket = bucket.at(now, capacity, per_window);
         bucket.milli = bucket.milli.saturating_sub(1000);
+    }
+
+    /// Gives `client` back one start `spend_start` took (a bucket no longer kept was full).
+    fn give_back_start(&self, client: IpAddr, now: Instant) {
+        let Some((capacity, per_window)) = self.start_bucket() else {
+            return;
+        };
+        if let Some(bucket) = lock(&self.starts).get_mut(&client) {
+            *bucket = bucket.at(now, capacity, per_window);
+            bucket.milli = bucket.milli.saturating_add(1000).min(capacity * 1000);
+        }
     }
 
     /// Frees a place in `client`'s share for the channel `key`, or refuses. Its unwatched
@@ -391,9 +442,27 @@ impl Registry {
         self.unlink(&mut table, hub);
     }
 
+    /// Removes an RTSP hub whose session failed before it connected to any server (a name
+    /// that does not resolve, an address the guard refuses, a port that refuses or never
+    /// answers), and gives its client back the start it took, as a multicast start that
+    /// failed before sending anything spends none (`sent`): before, a player retrying a dead
+    /// `/rtsp/` channel drained its client's bucket, and the household's next channel was a
+    /// 429. Given back before the hub is closed, so the viewer told of the failure finds it
+    /// back. A hub released before (`make_room`) gives nothing back: `unlink` forgot it.
+    pub fn remove_unreached(&self, hub: &Arc<Hub>) {
+        let mut table = self.table();
+        if let Some(client) = lock(&self.rtsp_starts).remove(&hub_addr(hub)) {
+            self.give_back_start(client, Instant::now());
+        }
+        self.unlink(&mut table, hub);
+    }
+
     fn unlink(&self, table: &mut HashMap<HubKey, Arc<Hub>>, hub: &Arc<Hub>) {
         if hub.closed.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if hub.key.rtsp.is_some() {
+            lock(&self.rtsp_starts).remove(&hub_addr(hub));
         }
         if table.get(&hub.key).is_some_and(|h| Arc::ptr_eq(h, hub)) {
             table.remove(&hub.key);
@@ -420,6 +489,11 @@ impl Registry {
     pub fn total(&self) -> usize {
         self.total.load(Ordering::Acquire)
     }
+}
+
+/// A hub's key in `Registry::rtsp_starts`: its address, unique while it is in the table.
+fn hub_addr(hub: &Arc<Hub>) -> usize {
+    Arc::as_ptr(hub) as usize
 }
 
 /// Started by `client`, and nobody subscribed now (hub not yet removed).

@@ -277,8 +277,11 @@ impl Context {
     /// minute. The reason is the caller's to log: a server's words, up to a whole answer's
     /// worth per failure, are not worth a minute of memory when readers only ask whether.
     pub fn fail(&self, hub: &Hub) {
+        let mut failures = super::registry::lock(&self.failures);
+        // Read under the lock: read before it, a failure that waited for the lock could be
+        // queued behind a later one, out of the order `Failures::record` drops them in.
         let now = tokio::time::Instant::now();
-        super::registry::lock(&self.failures).record(hub_id(hub), hub.created, now);
+        failures.record(hub_id(hub), hub.created, now);
     }
 
     /// What viewers are told of `hub`'s failure ([`FAILED`]), if its session failed.
@@ -436,10 +439,16 @@ impl Iptv {
         if req.method == Method::HEAD {
             return super::stream_response(body::empty());
         }
+        let peer = req.extensions.get::<std::net::SocketAddr>().copied();
+        // The client's own bounds (its share, its start rate) first, spending nothing: a
+        // request they refuse must not make the gateway resolve a name the client chose, as
+        // the guard's check below does. Checked again (and spent) by `subscribe`.
+        if let Err(refusal) = self.registry.precheck(&key, peer) {
+            return self.refused(refusal);
+        }
         if let Some(refused) = self.guard_refusal(&key).await {
             return refused;
         }
-        let peer = req.extensions.get::<std::net::SocketAddr>().copied();
         let sub = match self.registry.subscribe(key, None, peer) {
             Ok(sub) => sub,
             Err(Refusal::Join(e))

@@ -54,10 +54,13 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
     // The session being set up, kept out of the setup's future: however the setup ends
     // (failed, timed out, dropped), a session the server answered SETUP for is torn down.
     let mut started = None;
+    // Whether the setup connected to a server (the first, or a redirect's): a setup that
+    // never did gives its client's start back (`Registry::remove_unreached`).
+    let mut reached = false;
     let opened = {
         let mut opening = Box::pin(tokio::time::timeout(
             setup,
-            Session::open(&rtsp.target, &ctx, &mut started),
+            Session::open(&rtsp.target, &ctx, &mut started, &mut reached),
         ));
         tokio::select! {
             // Setup first: when it has just finished as the hub is released, the session is
@@ -104,7 +107,11 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
                 None => tracing::debug!(channel = %label, ?reason, "RTSP session failed"),
             }
             ctx.fail(&hub);
-            registry.remove(&hub);
+            if reached {
+                registry.remove(&hub);
+            } else {
+                registry.remove_unreached(&hub);
+            }
             ctx.sessions.fetch_sub(1, Ordering::AcqRel);
             // A failure after SETUP (PLAY refused or timed out, the whole setup too slow)
             // leaves a session on the server: torn down as a released setup's is.
@@ -115,8 +122,9 @@ async fn run(hub: Arc<Hub>, settings: HubSettings, registry: Arc<Registry>) {
         }
     };
     tracing::info!(channel = %label, keepalive_secs = session.keepalive.as_secs(), "RTSP session playing");
-    // Over UDP, datagrams up to the bound come whole, larger ones are dropped by `take_datagram`.
-    session.set_max_datagram(settings.max_datagram);
+    // Over UDP, datagrams up to the bound come whole; larger ones are dropped as they arrive
+    // and counted as malformed, as `take_datagram` drops and counts an interleaved one.
+    session.set_max_datagram(settings.max_datagram, hub.metrics.malformed.clone());
     let mut pump = Pump::new(hub.clone(), settings.clone(), 0);
     let mut tick = tokio::time::interval(settings.flush_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

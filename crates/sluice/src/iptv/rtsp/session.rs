@@ -15,6 +15,7 @@ use tokio::time::{timeout, Instant};
 
 use super::request::Target;
 use super::{Context, TransportMode};
+use crate::atomic::Counter;
 use crate::upstream::ConnectError;
 
 /// Why a session could not start or ended.
@@ -108,9 +109,8 @@ pub struct Session {
     keepalive_method: &'static str,
     play_url: String,
     media: Media,
-    /// UDP datagrams taken by the last `receive`, back to back, and their lengths.
-    udp_data: Vec<u8>,
-    udp_lens: Vec<usize>,
+    /// UDP datagrams taken by the last `receive`.
+    udp: UdpBatch,
     /// Where each UDP datagram is received: one byte more than the largest taken
     /// (`set_max_datagram`), so that a larger one shows by its length instead of being cut.
     udp_scratch: Vec<u8>,
@@ -132,10 +132,13 @@ impl Session {
     /// is left in `slot` (playing on success). It is there whenever the setup ends early too
     /// (an error, or this future dropped), so that a session the server set up can be torn
     /// down (`teardown`) instead of kept on the server until it notices the closed connection.
+    /// `reached` is set once a connection to a server (the first, or a redirect's) is made:
+    /// a setup that fails before spent nothing of a server's.
     pub async fn open(
         target: &Target,
         ctx: &Context,
         slot: &mut Option<Session>,
+        reached: &mut bool,
     ) -> Result<(), SessionError> {
         let cfg = &ctx.config;
         let mut url = target.url.clone();
@@ -145,6 +148,7 @@ impl Session {
             // A redirect comes before SETUP: the session it replaces has nothing to tear down.
             *slot = None;
             let s = slot.insert(Session::connect(&host, port, ctx).await?);
+            *reached = true;
             s.credentials = credentials.clone().map(|(user, password)| Credentials {
                 user,
                 password,
@@ -213,8 +217,10 @@ impl Session {
             keepalive_method: "OPTIONS",
             play_url: String::new(),
             media: Media::Interleaved { channel: 0 },
-            udp_data: Vec::new(),
-            udp_lens: Vec::new(),
+            udp: UdpBatch {
+                max: DEFAULT_MAX_DATAGRAM,
+                ..UdpBatch::default()
+            },
             udp_scratch: vec![0; DEFAULT_MAX_DATAGRAM + 1],
         }
     }
@@ -432,12 +438,14 @@ impl Session {
     }
 
     /// Takes UDP datagrams of up to `max` bytes whole (`iptv.max_datagram_bytes`, as the
-    /// multicast receiver does). One larger is received as `max + 1` bytes and handed on like
-    /// that, for the pump to drop and count as malformed (`Pump::take_datagram`): before, every
-    /// datagram was received into 2,048 bytes, so with `max_datagram_bytes` above that a larger
-    /// one was cut there and relayed as if whole, a broken packet in the stream.
-    pub fn set_max_datagram(&mut self, max: usize) {
+    /// multicast receiver does). One larger is received as `max + 1` bytes, which shows it,
+    /// and dropped there, counted on `malformed` (the hub's, where `Pump::take_datagram` counts
+    /// an interleaved frame over the bound): before, every datagram was received into 2,048
+    /// bytes, so with `max_datagram_bytes` above that a larger one was cut there and relayed as
+    /// if whole, a broken packet in the stream.
+    pub fn set_max_datagram(&mut self, max: usize, malformed: Counter) {
         self.udp_scratch = vec![0; max.saturating_add(1)];
+        (self.udp.max, self.udp.malformed) = (max, malformed);
     }
 
     /// Waits for more data (cancel-safe: nothing is lost if the future is dropped, neither
@@ -461,10 +469,10 @@ impl Session {
                     }
                     got = rtp.recv_from(scratch) => {
                         let (n, from) = got?;
-                        keep_datagram(&mut self.udp_data, &mut self.udp_lens, &scratch[..n], from, server);
+                        self.udp.keep(&scratch[..n], from, server);
                         for _ in 1..UDP_BATCH {
                             match rtp.try_recv_from(scratch) {
-                                Ok((n, from)) => keep_datagram(&mut self.udp_data, &mut self.udp_lens, &scratch[..n], from, server),
+                                Ok((n, from)) => self.udp.keep(&scratch[..n], from, server),
                                 Err(_) => break,
                             }
                         }
@@ -478,11 +486,11 @@ impl Session {
     /// Hands every complete RTP packet received so far to `sink`; handles control messages.
     pub fn drain(&mut self, sink: &mut impl FnMut(&[u8])) -> Result<(), SessionError> {
         let mut at = 0;
-        for len in self.udp_lens.drain(..) {
-            sink(&self.udp_data[at..at + len]);
+        for len in self.udp.lens.drain(..) {
+            sink(&self.udp.data[at..at + len]);
             at += len;
         }
-        self.udp_data.clear();
+        self.udp.data.clear();
         let rtp_channel = match self.media {
             Media::Interleaved { channel } => Some(channel),
             Media::Udp { .. } => None,
@@ -572,17 +580,33 @@ impl Session {
     }
 }
 
-fn keep_datagram(
-    data: &mut Vec<u8>,
-    lens: &mut Vec<usize>,
-    d: &[u8],
-    from: SocketAddr,
-    server: IpAddr,
-) {
-    // Anyone can send to an open UDP port: only the server's packets become the stream.
-    if from.ip() == server && !d.is_empty() {
-        data.extend_from_slice(d);
-        lens.push(d.len());
+/// UDP datagrams taken by one `receive`, back to back, and their lengths.
+#[derive(Default)]
+struct UdpBatch {
+    data: Vec<u8>,
+    lens: Vec<usize>,
+    /// The largest datagram kept (`Session::set_max_datagram`).
+    max: usize,
+    /// Where the server's datagrams over `max` are counted (the hub's `malformed`).
+    malformed: Counter,
+}
+
+impl UdpBatch {
+    /// Keeps `d`, received from `from`, if it is the server's and at most `max` bytes. One
+    /// larger is counted and dropped here, never copied: copied for the pump to drop, as it
+    /// was, `data` grew to a whole batch of them (32 x 64 KiB at `max_datagram_bytes = 65535`)
+    /// and kept that capacity for the session's life.
+    fn keep(&mut self, d: &[u8], from: SocketAddr, server: IpAddr) {
+        // Anyone can send to an open UDP port: only the server's packets become the stream.
+        if from.ip() != server || d.is_empty() {
+            return;
+        }
+        if d.len() > self.max {
+            self.malformed.inc();
+            return;
+        }
+        self.data.extend_from_slice(d);
+        self.lens.push(d.len());
     }
 }
 
@@ -965,5 +989,41 @@ mod tests {
         // The message: head and body complete. The frame: its header, then its end.
         assert_eq!(parses, 2 + 3, "parses");
         assert!(buf.is_empty());
+    }
+
+    /// The server's UDP datagrams over the bound are counted as malformed where they arrive
+    /// and never copied: a batch of them (32, at up to 64 KiB each) was copied whole into
+    /// the batch, for the pump to drop, and the batch kept that capacity for the session's
+    /// life. Those up to the bound are kept whole; a stranger's are neither kept nor counted.
+    #[test]
+    fn datagrams_over_the_bound_are_counted_and_never_copied() {
+        let malformed = Counter::default();
+        let mut batch = UdpBatch {
+            max: 2048,
+            malformed: malformed.clone(),
+            ..UdpBatch::default()
+        };
+        let server: IpAddr = "192.0.2.1".parse().unwrap();
+        let from_server: SocketAddr = "192.0.2.1:5004".parse().unwrap();
+        let stranger: SocketAddr = "192.0.2.9:5004".parse().unwrap();
+        let over = vec![0x47u8; 2049];
+        for _ in 0..UDP_BATCH {
+            batch.keep(&over, from_server, server);
+        }
+        assert!(
+            batch.lens.is_empty() && batch.data.capacity() == 0,
+            "{} datagrams over the bound kept, {} bytes held",
+            batch.lens.len(),
+            batch.data.capacity()
+        );
+        assert_eq!(malformed.get(), UDP_BATCH as u64);
+        batch.keep(&over, stranger, server);
+        batch.keep(&over[..188], stranger, server);
+        assert_eq!(malformed.get(), UDP_BATCH as u64, "a stranger's counted");
+        batch.keep(&over[..2048], from_server, server);
+        batch.keep(&over[..188], from_server, server);
+        assert_eq!(batch.lens, [2048, 188]);
+        assert_eq!(batch.data.len(), 2048 + 188);
+        assert_eq!(malformed.get(), UDP_BATCH as u64);
     }
 }
