@@ -239,6 +239,31 @@ impl Upstream {
         self.relay(req, relay::RelayBody::Empty, &|_| true).await
     }
 
+    /// A time-to-headers deadline from now (`upstream.header_timeout_secs`), for an exchange
+    /// that may take two tries ([`send_raw`](Self::send_raw), then [`send_by`](Self::send_by)).
+    #[cfg(feature = "upstream-pool")]
+    pub fn header_deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.header_timeout
+    }
+
+    /// [`send`](Self::send) with its response head by `deadline` too: the second try of an
+    /// exchange whose first (the spliced path's raw one) got an answer it could not use, which
+    /// must not start a header timeout of its own.
+    #[cfg(feature = "upstream-pool")]
+    pub async fn send_by(
+        &self,
+        req: UpstreamRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<UpstreamResponse, UpstreamError> {
+        let host = host_of(&req.url);
+        tokio::time::timeout_at(deadline, self.send(req))
+            .await
+            .map_err(|_| UpstreamError::HeaderTimeout {
+                host,
+                secs: self.header_timeout.as_secs(),
+            })?
+    }
+
     /// One hop of [`relay`](Self::relay): the response head by `deadline`, the request's
     /// time-to-headers deadline (one for all its hops).
     #[cfg(feature = "upstream-pool")]

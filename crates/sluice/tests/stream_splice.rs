@@ -296,3 +296,86 @@ async fn a_body_until_close_is_read_from_the_same_connection() {
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(spliced_count(&s).await, 0);
 }
+
+/// An origin on raw sockets (keep-alive): `/a` is a 302 to `/b`, `/b` a 2-byte 200; its first
+/// answer comes after `first`, every later one after `then`. The paths asked, in order.
+async fn redirecting_origin(
+    first: Duration,
+    then: Duration,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = asked.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut pending = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => pending.extend_from_slice(&buf[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&pending[..end]).into_owned();
+                    pending.drain(..end + 4);
+                    let path = head.split(' ').nth(1).unwrap_or("").to_string();
+                    let wait = {
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(path.clone());
+                        if seen.len() == 1 {
+                            first
+                        } else {
+                            then
+                        }
+                    };
+                    tokio::time::sleep(wait).await;
+                    let answer: &[u8] = if path == "/a" {
+                        b"HTTP/1.1 302 Found\r\nlocation: /b\r\ncontent-length: 0\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\ncontent-type: video/mp4\r\ncontent-length: 2\r\n\r\nok"
+                    };
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (base, asked)
+}
+
+/// A redirect on the spliced path is followed by the streamed one within the same
+/// time-to-headers deadline: the fallback started a header timeout of its own, so a viewer
+/// waited up to twice `header_timeout_secs` (here 1 s for the raw try's 302, then 0.7 s for
+/// each hop of the streamed one: 2.4 s in all, past the 2 s deadline, was a 200).
+#[tokio::test]
+async fn a_redirect_on_the_spliced_path_keeps_the_header_deadline() {
+    // header_timeout_secs = 2 in the test config.
+    let s = Sluice::start(test_config()).await;
+    let (fast, asked) = redirecting_origin(Duration::ZERO, Duration::ZERO).await;
+    let mut conn = TcpStream::connect(s.addr).await.unwrap();
+    send(&mut conn, "GET", &stream_path(&format!("{fast}/a")), "").await;
+    let (head, body) = read_response(&mut conn, &mut Vec::new(), false).await;
+    assert_eq!(head.status, 200);
+    assert_eq!(body.unwrap(), b"ok");
+    assert_eq!(*asked.lock().unwrap(), ["/a", "/a", "/b"]);
+
+    let (slow, asked) =
+        redirecting_origin(Duration::from_millis(1000), Duration::from_millis(700)).await;
+    let mut conn = TcpStream::connect(s.addr).await.unwrap();
+    send(&mut conn, "GET", &stream_path(&format!("{slow}/a")), "").await;
+    let (head, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        read_response(&mut conn, &mut Vec::new(), false),
+    )
+    .await
+    .expect("an answer");
+    assert_eq!(head.status, 504, "a second header timeout for the fallback");
+    assert_eq!(asked.lock().unwrap()[..2], ["/a", "/a"], "the fallback ran");
+    assert_eq!(spliced_count(&s).await, 0);
+}

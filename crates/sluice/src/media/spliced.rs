@@ -41,20 +41,22 @@ pub fn tap_for<'r>(req: &'r Request<Incoming>, params: &ProxyParams) -> Option<&
     (plain && !touches_framing).then_some(tap)
 }
 
-/// Tries the spliced exchange; `Ok(None)` when the upstream's answer cannot be spliced (a
-/// redirect, a chunked body, no body), in which case the caller streams it instead (a second
-/// request: such answers are rare for media files, and small). A body that runs until the
-/// origin closes is streamed from the same connection.
+/// Tries the spliced exchange, its response head by `deadline`; `Ok(None)` when the upstream's
+/// answer cannot be spliced (a redirect, a chunked body, no body), in which case the caller
+/// streams it instead (a second request, by the same `deadline`: such answers are rare for
+/// media files, and small). A body that runs until the origin closes is streamed from the same
+/// connection.
 pub async fn serve(
     upstream: &Upstream,
     req: &Request<Incoming>,
     params: &ProxyParams,
     tap: &SpliceTap,
     spliced: &Counter,
+    deadline: tokio::time::Instant,
 ) -> Result<Option<Response<Body>>, ProxyError> {
     let up_req = super::stream::upstream_request(req, params)?;
     let raw = upstream
-        .send_raw(&up_req)
+        .send_raw(&up_req, deadline)
         .await
         .map_err(|e| ProxyError::from_upstream(&e))?;
     let head = &raw.head;

@@ -46,9 +46,21 @@ pub async fn serve(
         Some(t) => super::transform::pipe(upstream, req, &params, t).await?,
         None => match splice.and_then(|c| Some((c, super::spliced::tap_for(req, &params)?))) {
             Some((counter, tap)) => {
-                match super::spliced::serve(upstream, req, &params, tap, counter).await? {
+                // One time-to-headers deadline for the spliced try and the streamed one after it
+                // (a redirect, a body that cannot be spliced): a header timeout each was twice
+                // the wait for a viewer.
+                let deadline = upstream.header_deadline();
+                let spliced =
+                    super::spliced::serve(upstream, req, &params, tap, counter, deadline).await?;
+                match spliced {
                     Some(resp) => resp,
-                    None => pipe(upstream, req, &params, None).await?,
+                    None => {
+                        let up = upstream
+                            .send_by(upstream_request(req, &params)?, deadline)
+                            .await
+                            .map_err(|e| ProxyError::from_upstream(&e))?;
+                        respond(up, &params, None)?
+                    }
                 }
             }
             None => pipe(upstream, req, &params, None).await?,

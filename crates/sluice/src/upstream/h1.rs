@@ -65,8 +65,10 @@ pub async fn read_head_in<S>(
 where
     S: AsyncRead + Unpin,
 {
+    // Empty lines before a head are dropped as they come, counted against `MAX_HEAD`.
+    let mut skipped = drop_empty_lines(&mut buf);
     // Bytes already read are parsed at once (they may hold a whole head).
-    let mut complete = !buf.is_empty();
+    let mut complete = has_head_bytes(&buf);
     loop {
         if complete {
             #[cfg(test)]
@@ -80,7 +82,7 @@ where
                 Err(e) => return Err(Exchange::Failed(e.to_string())),
             }
         }
-        if buf.len() >= MAX_HEAD {
+        if buf.len() + skipped >= MAX_HEAD {
             return Err(Exchange::Failed(format!(
                 "response head over {MAX_HEAD} bytes"
             )));
@@ -88,14 +90,18 @@ where
         buf.reserve(8 * 1024);
         let before = buf.len();
         match socket.read_buf(&mut buf).await {
-            Ok(0) if buf.is_empty() => return Err(Exchange::Closed),
+            Ok(0) if buf.is_empty() && skipped == 0 => return Err(Exchange::Closed),
             Ok(0) => {
                 return Err(Exchange::Failed(
                     "connection closed inside the response head".into(),
                 ))
             }
             Ok(_) => {}
-            Err(e) if buf.is_empty() && e.kind() == std::io::ErrorKind::ConnectionReset => {
+            Err(e)
+                if buf.is_empty()
+                    && skipped == 0
+                    && e.kind() == std::io::ErrorKind::ConnectionReset =>
+            {
                 return Err(Exchange::Closed)
             }
             Err(e) => return Err(Exchange::Failed(format!("reading the response head: {e}"))),
@@ -106,8 +112,38 @@ where
         // cost a parse of all of it per byte (quadratic, about 2e9 bytes scanned for 64 KiB).
         // A head's first read is parsed whatever it holds: bytes that are no HTTP at all (a TLS
         // alert from a port that speaks TLS) are refused at once, not after the header timeout.
-        complete = before == 0 || ends_a_head(&buf[before.saturating_sub(2)..]);
+        // The parser skips empty lines before a status line, so they are dropped first: kept,
+        // LFs trickled one per read each looked like a head's end (\n\n), a parse of up to
+        // 64 KiB per byte again.
+        let fresh = !has_head_bytes(&buf[..before]);
+        let dropped = drop_empty_lines(&mut buf);
+        skipped += dropped;
+        let before = before.saturating_sub(dropped);
+        complete = has_head_bytes(&buf) && (fresh || ends_a_head(&buf[before.saturating_sub(2)..]));
     }
+}
+
+/// Drops the empty lines (`\r\n` or `\n`) `buf` starts with, as the parser skips them before a
+/// status line; how many bytes went. A lone `\r` stays: the byte after it decides.
+fn drop_empty_lines(buf: &mut BytesMut) -> usize {
+    let mut n = 0;
+    loop {
+        match buf.get(n) {
+            Some(b'\n') => n += 1,
+            Some(b'\r') if buf.get(n + 1) == Some(&b'\n') => n += 2,
+            _ => break,
+        }
+    }
+    if n > 0 {
+        bytes::Buf::advance(buf, n);
+    }
+    n
+}
+
+/// Whether `buf` (its empty lines dropped) holds a byte of a head: anything but nothing or the
+/// `\r` that may start an empty line.
+fn has_head_bytes(buf: &[u8]) -> bool {
+    !buf.is_empty() && buf != b"\r"
 }
 
 /// Whether `bytes` hold the empty line that ends a head (`\n\n` or `\n\r\n`).
@@ -247,6 +283,49 @@ mod tests {
         assert_eq!(last.status, http::StatusCode::NO_CONTENT);
         assert_eq!(&early[..], b"rest");
         assert_eq!(HEAD_PARSES.with(std::cell::Cell::get), 1);
+    }
+
+    /// Empty lines before a status line (which the parser skips) trickled a byte per read are
+    /// dropped as they come: kept, every LF after the first made the last two bytes look like a
+    /// head's end, a parse of everything read so far (up to 64 KiB) per byte. They count toward
+    /// the head's bound.
+    #[tokio::test]
+    async fn empty_lines_trickled_before_a_head_are_not_parsed() {
+        let mut sent = b"\n".repeat(2048);
+        sent.extend_from_slice(&b"\r\n".repeat(1024));
+        sent.extend_from_slice(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        HEAD_PARSES.with(|n| n.set(0));
+        let mut socket = Trickle(std::io::Cursor::new(sent));
+        let Ok((got, early)) = read_head_in(&mut socket, BytesMut::new()).await else {
+            panic!("no head")
+        };
+        assert_eq!(got.status, http::StatusCode::OK);
+        assert!(early.is_empty());
+        let parses = HEAD_PARSES.with(std::cell::Cell::get);
+        assert!(
+            parses <= 3,
+            "{parses} parses for 4 KiB of empty lines and a head"
+        );
+
+        // A lone CR before a status line is still refused; empty lines alone are bounded.
+        let mut socket = Trickle(std::io::Cursor::new(
+            b"\r\n\rHTTP/1.1 200 OK\r\n\r\n".to_vec(),
+        ));
+        assert!(matches!(
+            read_head_in(&mut socket, BytesMut::new()).await,
+            Err(Exchange::Failed(_))
+        ));
+        let mut socket = std::io::Cursor::new(b"\n".repeat(MAX_HEAD + 1));
+        match read_head_in(&mut socket, BytesMut::new()).await {
+            Err(Exchange::Failed(detail)) => assert!(detail.contains("over"), "{detail}"),
+            _ => panic!("64 KiB of empty lines read through"),
+        }
+        // Empty lines and then the end of the connection: not a connection closed unanswered.
+        let mut socket = std::io::Cursor::new(b"\r\n\n".to_vec());
+        assert!(matches!(
+            read_head_in(&mut socket, BytesMut::new()).await,
+            Err(Exchange::Failed(_))
+        ));
     }
 
     #[test]

@@ -99,17 +99,18 @@ impl Idle {
         false
     }
 
-    /// Closes the sockets of every origin idle for `timeout` or more; how many are left. Each
-    /// origin's stack is oldest first, so only the expired ones and one more are looked at.
-    fn reap(&mut self, timeout: Duration) -> usize {
+    /// Takes the sockets of every origin idle for `timeout` or more into `expired` (for the
+    /// caller to close once it has let go of the lock); how many are left. Each origin's stack is
+    /// oldest first, so only the expired ones and one more are looked at.
+    fn reap(&mut self, timeout: Duration, expired: &mut Vec<TcpStream>) -> usize {
         let count = &mut self.count;
         self.by_origin.retain(|_, stack| {
-            let expired = stack
+            let n = stack
                 .iter()
                 .take_while(|(_, since)| since.elapsed() >= timeout)
                 .count();
-            stack.drain(..expired);
-            *count -= expired;
+            expired.extend(stack.drain(..n).map(|(socket, _)| socket));
+            *count -= n;
             !stack.is_empty()
         });
         self.count
@@ -181,8 +182,13 @@ impl RawPool {
         }
         // Over the overall cap the oldest of all goes (an expired one first, being older).
         while idle.count > self.max_total && idle.evict_oldest() {}
-        if !idle.reaping {
-            idle.reaping = self.start_reaper();
+        let start = !idle.reaping;
+        idle.reaping = true;
+        // Spawned unlocked: a task a shut-down runtime refuses is dropped at once, and its
+        // guard takes the lock.
+        drop(idle);
+        if start && !self.start_reaper() {
+            self.idle.lock().unwrap_or_else(|e| e.into_inner()).reaping = false;
         }
     }
 
@@ -192,15 +198,26 @@ impl RawPool {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             return false;
         };
-        let pool: Weak<RawPool> = Arc::downgrade(self);
+        let mut reaper = Reaper(Arc::downgrade(self));
         let period = (self.timeout / 2).max(Duration::from_millis(100));
         handle.spawn(async move {
             loop {
                 tokio::time::sleep(period).await;
-                let Some(pool) = pool.upgrade() else { return };
+                let Some(pool) = reaper.0.upgrade() else {
+                    return;
+                };
+                let mut expired = Vec::new();
                 let mut idle = pool.idle.lock().unwrap_or_else(|e| e.into_inner());
-                if idle.reap(pool.timeout) == 0 {
+                let left = idle.reap(pool.timeout, &mut expired);
+                if left == 0 {
+                    // Ended under the lock: a socket checked in from here starts the next one.
                     idle.reaping = false;
+                    reaper.0 = Weak::new();
+                }
+                drop(idle);
+                // Closed unlocked: checkouts and checkins do not wait on the closes.
+                drop(expired);
+                if left == 0 {
                     return;
                 }
             }
@@ -220,10 +237,28 @@ impl RawPool {
     }
 }
 
+/// The pool a reaper task works for: when the task goes without ending itself (dropped with its
+/// runtime, or refused by one shutting down), its drop clears the pool's `reaping`, so the next
+/// checkin starts another; left set, no socket of the pool was reaped again.
+struct Reaper(Weak<RawPool>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if let Some(pool) = self.0.upgrade() {
+            pool.idle.lock().unwrap_or_else(|e| e.into_inner()).reaping = false;
+        }
+    }
+}
+
 impl Upstream {
     /// Sends `req` (an `http` URL) on an idle raw connection to its origin or a new one, and
-    /// reads the response head within the header timeout.
-    pub async fn send_raw(&self, req: &UpstreamRequest) -> Result<RawResponse, UpstreamError> {
+    /// reads the response head by `deadline` ([`Upstream::header_deadline`]; a caller that
+    /// falls back to [`Upstream::send_by`] gives it the same one).
+    pub async fn send_raw(
+        &self,
+        req: &UpstreamRequest,
+        deadline: Instant,
+    ) -> Result<RawResponse, UpstreamError> {
         let url = &req.url;
         let host = host_of(url);
         let protocol = |detail: String| UpstreamError::Protocol {
@@ -244,10 +279,9 @@ impl Upstream {
             .headers
             .insert(super::guard::LOOP_HEADER, super::guard::loop_mark().clone());
         let head = request_head(&marked, &self.user_agent);
-        // One time-to-headers deadline from here, as for the pooled client and `fetch`: the wait
-        // for a per-host setup slot and the connect count against it, so a queue behind an
-        // origin that never answers cannot hold a viewer for its length in connect timeouts.
-        let deadline = Instant::now() + self.header_timeout;
+        // One time-to-headers deadline, as for the pooled client and `fetch`: the wait for a
+        // per-host setup slot and the connect count against it, so a queue behind an origin
+        // that never answers cannot hold a viewer for its length in connect timeouts.
         let timed_out = || UpstreamError::HeaderTimeout {
             host: host.clone(),
             secs: self.header_timeout.as_secs(),
@@ -445,5 +479,41 @@ mod tests {
         let mut buf = [0u8; 1];
         let n = tokio::io::AsyncReadExt::read(&mut server, &mut buf).await;
         assert_eq!(n.unwrap(), 0);
+    }
+
+    /// A reaper task dropped unfinished with its runtime clears the pool's `reaping`: left set,
+    /// no later checkin started another, and the pool's sockets were closed only by checkouts
+    /// of their own origin or the overall cap again.
+    #[test]
+    fn a_reaper_dropped_with_its_runtime_lets_the_next_one_start() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let pool = Arc::new(RawPool::new(8, Duration::from_millis(200)));
+        let checkin = |rt: &tokio::runtime::Runtime, key: &str| {
+            let client = std::net::TcpStream::connect(addr).unwrap();
+            client.set_nonblocking(true).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            rt.block_on(async { pool.checkin(key.into(), TcpStream::from_std(client).unwrap()) });
+            server
+        };
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let first = runtime();
+        let _a = checkin(&first, "origin0:80");
+        assert!(pool.idle.lock().unwrap().reaping);
+        drop(first);
+        assert!(
+            !pool.idle.lock().unwrap().reaping,
+            "a reaper dropped with its runtime still counts as running"
+        );
+        let second = runtime();
+        let _b = checkin(&second, "origin1:80");
+        assert!(pool.idle.lock().unwrap().reaping);
+        second.block_on(async { tokio::time::sleep(Duration::from_secs(1)).await });
+        assert_eq!(pool.idle_count(), 0, "no reaper closed the sockets");
     }
 }
