@@ -7,6 +7,7 @@
 //! stay direct.
 
 use std::borrow::Cow;
+use std::cell::OnceCell;
 
 use serde_json::Value;
 
@@ -17,8 +18,15 @@ use super::{is_stream_id, json_cost};
 /// two bytes), so a provider's oversized answer would otherwise cost GiBs.
 pub const MAX_LOGIN_BYTES: usize = 1024 * 1024;
 
-/// Longest run after the provider's origin read as a stream URL (a real one is well under 1 KB).
+/// Longest run read as a stream URL (a real one is well under 1 KB).
 const MAX_URL: usize = 16 * 1024;
+
+/// Most URLs read in one run (a URL inside another, inside another...): a real answer nests one
+/// or two, and each read costs up to the run's length.
+const MAX_URLS_PER_RUN: usize = 8;
+
+/// The provider's origin, parsed when first needed.
+type Provider = OnceCell<Option<url::Origin>>;
 
 /// What to rewrite, and into what.
 #[derive(Debug, Clone)]
@@ -89,30 +97,60 @@ impl Rewriter<'_> {
     /// Every absolute `http(s)` URL is looked at, in any letter case and at any host: a provider
     /// writes its own origin in more than one spelling (`HTTP://XC:80/...`, `https://xc:443/...`)
     /// and may name a CDN or the panel's own host beside it, and each of those would hand the
-    /// client the real username (see [`Rewriter::rewrite_path`] for what is rewritten).
+    /// client the real username (see [`Rewriter::rewrite_path`] for what is rewritten). So are
+    /// `rtmp(s)://` and `rtsp(s)://` URLs (`get.php?output=rtmp`): sluice proxies none of them, and
+    /// one with the credential shape becomes the sluice URL for the same path rather than name
+    /// the real user.
+    ///
+    /// A URL inside another (`http://cdn/proxy?src=http://xc/live/{user}/...`) is looked at too:
+    /// when the outer one is not rewritten the scan goes on after its `://`. At most
+    /// [`MAX_URLS_PER_RUN`] URLs of one run (the text up to a space or a quote) are read, each in
+    /// at most [`MAX_URL`] bytes, so a run of `http://http://...` costs a few times its length.
     fn scan_form(&self, body: &str, escaped: bool, emit: &mut dyn FnMut(&str)) -> bool {
-        let provider = url::Url::parse(self.upstream_origin)
-            .ok()
-            .map(|u| u.origin())
-            .filter(url::Origin::is_tuple);
+        let provider = OnceCell::new();
+        self.scan(body, escaped, &provider, None, emit)
+    }
+
+    /// [`Rewriter::scan_form`] with the provider's origin parsed at most once, when first asked
+    /// for; `shared` is the enclosing run's budget of URLs read (`None`: each run has its own).
+    fn scan(
+        &self,
+        body: &str,
+        escaped: bool,
+        provider: &Provider,
+        mut shared: Option<&mut usize>,
+        emit: &mut dyn FnMut(&str),
+    ) -> bool {
         let bytes = body.as_bytes();
         let (mut changed, mut from, mut at) = (false, 0, 0);
-        while let Some(i) = memchr::memchr2(b'h', b'H', &bytes[at..]) {
-            let start = at + i;
-            let Some(after) = scheme_end(bytes, start, escaped) else {
-                at = start + 1;
-                continue;
-            };
-            let end = body[after..]
-                .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>'))
-                .map_or(body.len(), |e| after + e);
-            if let Some(url) = self.rewrite_url(&body[start..end], escaped, provider.as_ref()) {
-                emit(&body[from..start]);
-                emit(&url);
-                from = end;
-                changed = true;
+        let (mut run_end, mut own) = (0, 0);
+        while let Some((start, after)) = next_scheme(bytes, at, escaped) {
+            #[cfg(test)]
+            tests::step(1);
+            // Every URL inside a run ends where the run does: it is looked for once.
+            if start >= run_end {
+                run_end = body[after..]
+                    .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '<' | '>'))
+                    .map_or(body.len(), |e| after + e);
+                own = MAX_URLS_PER_RUN;
             }
-            at = end;
+            let left = match shared.as_deref_mut() {
+                Some(left) => left,
+                None => &mut own,
+            };
+            if *left == 0 {
+                at = run_end;
+                continue;
+            }
+            let run = &body[start..run_end];
+            match self.rewrite_url(run, escaped, provider, left) {
+                Some(url) => {
+                    emit(&body[from..start]);
+                    emit(&url);
+                    (from, at, changed) = (run_end, run_end, true);
+                }
+                None => at = after,
+            }
         }
         emit(&body[from..]);
         changed
@@ -120,16 +158,21 @@ impl Rewriter<'_> {
 
     /// The public URL for an absolute URL `run` (in the form it was found in), or `None` when it
     /// is not an XC stream URL for this user. A run longer than any real URL is left as it is,
-    /// so the copies made here stay small however the answer is built.
+    /// so the copies made here stay small however the answer is built. One of `left` is taken
+    /// for each run read; URLs inside the rewritten one take theirs from it too.
     fn rewrite_url(
         &self,
         run: &str,
         escaped: bool,
-        provider: Option<&url::Origin>,
+        provider: &Provider,
+        left: &mut usize,
     ) -> Option<String> {
         if run.len() > MAX_URL {
             return None;
         }
+        *left -= 1;
+        #[cfg(test)]
+        tests::step(run.len());
         let unescaped = if escaped {
             Cow::Owned(run.replace("\\/", "/"))
         } else {
@@ -141,13 +184,18 @@ impl Rewriter<'_> {
         if authority.is_empty() || !path_query.starts_with(['/', '?']) {
             return None;
         }
-        // Compared parsed: scheme and host in lower case, the scheme's default port filled in.
-        let origin = url::Url::parse(&format!("{scheme}://{authority}/"))
-            .ok()
-            .map(|u| u.origin());
-        let at_provider = origin.is_some() && origin.as_ref() == provider;
-        let path = self.rewrite_path_at(path_query, at_provider)?;
-        let url = format!("{}{path}", self.public_origin);
+        // Compared parsed (scheme and host in lower case, the scheme's default port filled in),
+        // and only when the short form away from a stream file asks.
+        let at_provider = || {
+            let origin = url::Url::parse(&format!("{scheme}://{authority}/"))
+                .ok()
+                .map(|u| u.origin());
+            origin.is_some() && origin.as_ref() == self.provider(provider)
+        };
+        let path = self.rewrite_path_at(path_query, &at_provider)?;
+        // A URL inside this one (in its query, say) is rewritten too.
+        let mut url = self.public_origin.to_string();
+        self.scan(&path, false, provider, Some(left), &mut |p| url.push_str(p));
         Some(if escaped {
             url.replace('/', "\\/")
         } else {
@@ -155,18 +203,31 @@ impl Rewriter<'_> {
         })
     }
 
+    /// The provider's origin, parsed on first use (`None` when it is not a tuple origin).
+    fn provider<'c>(&self, cell: &'c Provider) -> Option<&'c url::Origin> {
+        cell.get_or_init(|| {
+            url::Url::parse(self.upstream_origin)
+                .ok()
+                .map(|u| u.origin())
+                .filter(url::Origin::is_tuple)
+        })
+        .as_ref()
+    }
+
     /// The proxy's path for an upstream path (with query) at the provider's origin, or `None`
     /// when it is not an XC stream URL for this user.
     pub fn rewrite_path(&self, path_query: &str) -> Option<String> {
-        self.rewrite_path_at(path_query, true)
+        self.rewrite_path_at(path_query, &|| true)
     }
 
-    /// [`Rewriter::rewrite_path`] for a URL at the provider's origin or elsewhere. Rewritten
-    /// wherever they point: `/live|movie|series|timeshift/{user}/{pw}/...`,
-    /// `/hlsr/{s}/{user}/{pw}/...` and any path whose query says `username={user}` (the real user,
-    /// compared decoded); the short `/{user}/{pw}/{id}` too, but away from the provider's origin
-    /// only with a stream id (`123`, `123.ts`) last, as the XC form has it.
-    fn rewrite_path_at(&self, path_query: &str, at_provider: bool) -> Option<String> {
+    /// [`Rewriter::rewrite_path`] for a URL at the provider's origin or elsewhere (`at_provider`,
+    /// asked only when needed). Rewritten wherever they point:
+    /// `/live|movie|series|timeshift/{user}/{pw}/...`, `/hlsr/{s}/{user}/{pw}/...` and any path
+    /// whose query says `username={user}` (the real user, compared decoded; pairs split at `&`
+    /// or at `\u0026`, as Go's JSON encoder writes it); the short `/{user}/{pw}/{id}` too, but
+    /// away from the provider's origin only with a stream file (`123`, `123.ts`, not `123.png`)
+    /// last, as the XC form has it.
+    fn rewrite_path_at(&self, path_query: &str, at_provider: &dyn Fn() -> bool) -> Option<String> {
         let (path, query) = match path_query.split_once('?') {
             Some((p, q)) => (p, Some(q)),
             None => (path_query, None),
@@ -177,7 +238,7 @@ impl Rewriter<'_> {
             _ if !path.starts_with('/') => None,
             ["live" | "movie" | "series" | "timeshift", user, _, _, ..] if is_user(user) => Some(1),
             ["hlsr", _, user, _, _, ..] if is_user(user) => Some(2),
-            [user, _, id] if is_user(user) && (at_provider || is_stream_id(id)) => Some(0),
+            [user, _, id] if is_user(user) && (is_stream_file(id) || at_provider()) => Some(0),
             _ => None,
         };
         if let Some(i) = user_at {
@@ -191,19 +252,21 @@ impl Rewriter<'_> {
             return Some(out);
         }
         let query = query?;
+        let path = if path.is_empty() { "/" } else { path };
+        let mut out = format!("{path}?");
         let mut found = false;
-        let pairs: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
+        for (pair, sep) in query_pairs(query) {
+            match pair.split_once('=') {
                 Some((key, v)) if decode(key) == "username" && decode(v) == self.real_user => {
                     found = true;
-                    format!("username={}", encode(self.public_user))
+                    out.push_str("username=");
+                    out.push_str(&encode(self.public_user));
                 }
-                _ => pair.to_string(),
-            })
-            .collect();
-        let path = if path.is_empty() { "/" } else { path };
-        found.then(|| format!("{path}?{}", pairs.join("&")))
+                _ => out.push_str(pair),
+            }
+            out.push_str(sep);
+        }
+        found.then_some(out)
     }
 
     /// The `player_api.php` login answer (`user_info` + `server_info`) with the proxy as the
@@ -363,19 +426,68 @@ fn split_origin(origin: &str) -> (&str, &str, String) {
     }
 }
 
-/// The end of `http://` or `https://` (any letter case; `:\/\/` in the escaped form) starting at
-/// `at`, or `None` when no such scheme starts there.
-fn scheme_end(body: &[u8], at: usize, escaped: bool) -> Option<usize> {
-    let rest = body.get(at..)?;
-    let name = match rest.get(..5) {
-        Some(s) if s.eq_ignore_ascii_case(b"https") => 5,
-        _ if rest.get(..4)?.eq_ignore_ascii_case(b"http") => 4,
-        _ => return None,
-    };
+/// The next absolute URL's scheme at or after `at`: `(start, end)` of `http://`, `https://`,
+/// `rtmp://`, `rtmps://`, `rtsp://` or `rtsps://` (any letter case; `:\/\/` in the escaped form).
+fn next_scheme(body: &[u8], from: usize, escaped: bool) -> Option<(usize, usize)> {
     let sep: &[u8] = if escaped { b":\\/\\/" } else { b"://" };
-    rest[name..]
-        .starts_with(sep)
-        .then_some(at + name + sep.len())
+    let mut at = from;
+    loop {
+        let colon = at + memchr::memchr(b':', body.get(at..)?)?;
+        at = colon + 1;
+        if !body[colon..].starts_with(sep) {
+            continue;
+        }
+        let named = |len: usize, names: &[&[u8]]| {
+            let start = colon.checked_sub(len).filter(|&s| s >= from)?;
+            let name = &body[start..colon];
+            names
+                .iter()
+                .any(|n| name.eq_ignore_ascii_case(n))
+                .then_some(start)
+        };
+        let start = named(5, &[b"https", b"rtmps", b"rtsps"])
+            .or_else(|| named(4, &[b"http", b"rtmp", b"rtsp"]));
+        if let Some(start) = start {
+            return Some((start, colon + sep.len()));
+        }
+    }
+}
+
+/// The `(pair, separator after it)` of a query: split at `&` and at `\u0026` (a JSON encoder's
+/// `&`, Go's among them); the last separator is empty.
+fn query_pairs(query: &str) -> impl Iterator<Item = (&str, &str)> {
+    let mut rest = Some(query);
+    std::iter::from_fn(move || {
+        let q = rest?;
+        let amp = q.find('&');
+        let esc = q.find("\\u0026");
+        let (end, sep) = match (amp, esc) {
+            (Some(a), Some(e)) if e < a => (e, 6),
+            (Some(a), _) => (a, 1),
+            (None, Some(e)) => (e, 6),
+            (None, None) => {
+                rest = None;
+                return Some((q, ""));
+            }
+        };
+        rest = Some(&q[end + sep..]);
+        Some((&q[..end], &q[end..end + sep]))
+    })
+}
+
+/// The short form's last segment away from the provider: a stream id with no extension or a
+/// stream's (`123`, `123.ts`; not `123.png`, which a third party's `/{word}/x/123.png` may be).
+fn is_stream_file(seg: &str) -> bool {
+    const STREAM_EXTENSIONS: &[&str] = &[
+        "ts", "m3u8", "m3u", "mp4", "m4v", "m4s", "mkv", "avi", "flv", "mov", "webm", "mpd", "aac",
+        "mp3",
+    ];
+    is_stream_id(seg)
+        && seg.split_once('.').is_none_or(|(_, ext)| {
+            STREAM_EXTENSIONS
+                .iter()
+                .any(|e| ext.eq_ignore_ascii_case(e))
+        })
 }
 
 /// A path segment decoded (`+` is itself there).
@@ -398,6 +510,24 @@ fn encode(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Work done by the scan on this thread: one per scheme found, one per byte of a URL read.
+        static STEPS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    pub(super) fn step(n: usize) {
+        STEPS.with(|s| s.set(s.get() + n));
+    }
+
+    /// The scan's steps for `body`, each form once.
+    fn steps(r: &Rewriter<'_>, body: &str) -> usize {
+        STEPS.with(|s| s.set(0));
+        for escaped in [false, true] {
+            r.scan_form(body, escaped, &mut |_| {});
+        }
+        STEPS.with(|s| s.get())
+    }
 
     const R: Rewriter<'static> = Rewriter {
         upstream_origin: "http://xc.example:8080",
@@ -480,6 +610,158 @@ mod tests {
         ] {
             let text = format!("x {kept} y");
             assert_eq!(r.rewrite_text(&text), text, "{kept}");
+        }
+    }
+
+    /// A URL inside another is looked at: after one that is not rewritten (a CDN's or a player's
+    /// `?src=`, at any depth, past a long query), and inside one that is. Both forms.
+    #[test]
+    fn a_url_inside_another_is_rewritten() {
+        let pad = "a".repeat(20_000);
+        for (text, want) in [
+            (
+                "http://cdn.example/proxy?src=http://xc.example:8080/live/alice/pw/1.ts".to_string(),
+                "http://cdn.example/proxy?src=https://proxy.example/live/TOK/pw/1.ts".to_string(),
+            ),
+            (
+                "http://a.example/?u=http://b.example/x?v=http://cdn.example/alice/pw/7.ts"
+                    .to_string(),
+                "http://a.example/?u=http://b.example/x?v=https://proxy.example/TOK/pw/7.ts"
+                    .to_string(),
+            ),
+            (
+                format!("http://cdn.example/p?x={pad}&src=http://cdn.example/movie/alice/pw/2.mkv"),
+                format!("http://cdn.example/p?x={pad}&src=https://proxy.example/movie/TOK/pw/2.mkv"),
+            ),
+            (
+                "http://xc.example:8080/live/alice/pw/1.ts?next=http://cdn.example/live/alice/pw/2.ts"
+                    .to_string(),
+                "https://proxy.example/live/TOK/pw/1.ts?next=https://proxy.example/live/TOK/pw/2.ts"
+                    .to_string(),
+            ),
+        ] {
+            assert_eq!(R.rewrite_text(&format!("{text}\n")), format!("{want}\n"));
+            let (text, want) = (text.replace('/', "\\/"), want.replace('/', "\\/"));
+            assert_eq!(
+                R.rewrite_text(&format!(r#"{{"u":"{text}"}}"#)),
+                format!(r#"{{"u":"{want}"}}"#)
+            );
+        }
+    }
+
+    /// However URLs nest in one run, the scan reads at most [`MAX_URLS_PER_RUN`] of them, each
+    /// in at most the run: a few times the answer's length (a 16 KiB run of `http://http://...`
+    /// read from each of its 2,340 schemes is some 19 million steps).
+    #[test]
+    fn nested_urls_cost_a_few_times_their_length() {
+        let nested = |n: usize, sep: &str| format!("http:{sep}").repeat(n / (5 + sep.len()));
+        let runs = [
+            nested(64 * 1024, "//"),
+            nested(MAX_URL, "//"),
+            nested(MAX_URL - 7, "//") + "alice/pw/1.ts",
+            nested(2048, "//").repeat(2) + " ",
+            nested(MAX_URL, r"\/\/"),
+            format!("{}\n", nested(1024, "//")).repeat(64),
+        ];
+        for body in runs {
+            let steps = steps(&R, &body);
+            assert!(
+                steps <= (MAX_URLS_PER_RUN + 1) * body.len(),
+                "{steps} steps for {} bytes",
+                body.len()
+            );
+        }
+    }
+
+    /// Go's JSON encoder writes `&` as `\u0026`: the pairs it separates are read as pairs, in
+    /// either form, and the separator is kept as it was.
+    #[test]
+    fn json_escaped_ampersands_separate_query_pairs() {
+        for (url, want) in [
+            (
+                r"http://xc.example:8080/get.php?password=pw\u0026username=alice\u0026type=m3u",
+                r"https://proxy.example/get.php?password=pw\u0026username=TOK\u0026type=m3u",
+            ),
+            (
+                r"http://cdn.example/x?username=alice\u0026password=pw&a=b",
+                r"https://proxy.example/x?username=TOK\u0026password=pw&a=b",
+            ),
+        ] {
+            let json = |u: &str| format!(r#"{{"url":"{u}"}}"#);
+            assert_eq!(R.rewrite_text(&json(url)), json(want));
+            let esc = |u: &str| json(&u.replace('/', "\\/"));
+            assert_eq!(R.rewrite_text(&esc(url)), esc(want));
+        }
+        assert_eq!(
+            R.rewrite_path(r"/get.php?username=alice\u0026password=pw")
+                .as_deref(),
+            Some(r"/get.php?username=TOK\u0026password=pw")
+        );
+        let other = r#"{"url":"http://cdn.example/x?username=bob\u0026password=pw"}"#;
+        assert_eq!(R.rewrite_text(other), other);
+    }
+
+    /// With a real username that is a common word, a third party's `/{word}/x/123.png` is no XC
+    /// stream: away from the provider the short form needs a stream id with no extension or a
+    /// stream's. At the provider it is the XC form whatever its id.
+    #[test]
+    fn the_short_form_elsewhere_needs_a_stream_file() {
+        let r = Rewriter {
+            real_user: "tv",
+            ..R
+        };
+        for kept in [
+            "http://img.example/tv/x/123.png",
+            "http://img.example/tv/x/123.JPG",
+            "https://img.example/tv/2024/05.html",
+            "http://img.example/tv/x/logo",
+        ] {
+            let text = format!("x {kept} y");
+            assert_eq!(r.rewrite_text(&text), text, "{kept}");
+        }
+        for (url, want) in [
+            ("http://cdn.example/tv/x/123", "/TOK/x/123"),
+            ("http://cdn.example/tv/x/123.ts", "/TOK/x/123.ts"),
+            ("http://cdn.example/tv/x/123.M3U8", "/TOK/x/123.M3U8"),
+            ("http://cdn.example/tv/x/9.mkv", "/TOK/x/9.mkv"),
+            ("http://xc.example:8080/tv/x/123.png", "/TOK/x/123.png"),
+        ] {
+            assert_eq!(
+                r.rewrite_text(&format!("x {url} y")),
+                format!("x https://proxy.example{want} y"),
+                "{url}"
+            );
+        }
+    }
+
+    /// `get.php?output=rtmp` answers `rtmp://` URLs: with the credential shape they become the
+    /// sluice URL for the same path (sluice proxies no RTMP or RTSP) rather than name the user.
+    #[test]
+    fn rtmp_and_rtsp_urls_do_not_name_the_user() {
+        for (url, want) in [
+            ("rtmp://xc.example:1935/live/alice/pw/1", "/live/TOK/pw/1"),
+            (
+                "RTMPS://cdn.example/live/alice/pw/1.ts",
+                "/live/TOK/pw/1.ts",
+            ),
+            ("rtsp://cdn.example:554/alice/pw/5", "/TOK/pw/5"),
+            (
+                "rtmp://xc.example:1935/live?username=alice&password=pw",
+                "/live?username=TOK&password=pw",
+            ),
+        ] {
+            assert_eq!(
+                R.rewrite_text(&format!("#EXTINF:-1,A\n{url}\n")),
+                format!("#EXTINF:-1,A\nhttps://proxy.example{want}\n"),
+                "{url}"
+            );
+        }
+        for kept in [
+            "rtmp://cdn.example/live/bob/pw/1",
+            "rtmpx://cdn.example/live/alice/pw/1",
+        ] {
+            let text = format!("x {kept} y");
+            assert_eq!(R.rewrite_text(&text), text, "{kept}");
         }
     }
 
