@@ -178,13 +178,27 @@ pub async fn serve_reloadable(
                 _ = server::upgrade::on_sigusr2(usr2, config.server.pid_file.clone()) => true,
             };
             // No reload from here on (SIGHUP, `/admin/reload` on a connection still open): it
-            // would bind `[[tcp]]` listeners afresh in a process on its way out. One under way
-            // finishes first, so none commits after the listeners stop.
-            if let Some(reloader) = draining {
-                let _ =
-                    tokio::task::spawn_blocking(move || reloader.begin_drain(handed_over)).await;
+            // would bind `[[tcp]]` listeners afresh in a process on its way out. Marked without
+            // waiting, and the drain starts at once: a reload under way may be stuck reading its
+            // file (a hung mount), and the listeners must not accept on until SIGKILL. That
+            // reload is refused once its file is read, and a `[[tcp]]` commit that comes after
+            // `TcpProxy::shutdown` binds nothing.
+            if let Some(reloader) = &draining {
+                reloader.mark_draining(handed_over);
             }
             let _ = stop_tx.send(true);
+            // Alongside the drain, a reload under way is given the grace period to end and
+            // write its outcome (`sluice reload` waits for it); one stuck longer is logged.
+            if let Some(reloader) = draining {
+                let grace = std::time::Duration::from_secs(config.server.shutdown_grace_secs);
+                let settled = tokio::task::spawn_blocking(move || reloader.settle());
+                if tokio::time::timeout(grace, settled).await.is_err() {
+                    tracing::warn!(
+                        "a reload is still under way (reading the config file?) after the grace \
+                         period; the process ends once it does"
+                    );
+                }
+            }
         },
         server.run(stopped(stop_rx.clone())),
         async {

@@ -21,6 +21,7 @@ mod share;
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -103,6 +104,10 @@ impl Drop for Running {
 pub struct TcpProxy {
     shared: Arc<Shared>,
     running: Mutex<HashMap<String, Running>>,
+    /// Set by [`TcpProxy::shutdown`] (under the `running` lock): from then on a change binds and
+    /// starts nothing, so a reload that was under way when the process began to drain cannot
+    /// start accept loops in a process on its way out.
+    closed: AtomicBool,
     tracker: TaskTracker,
     force: watch::Sender<bool>,
 }
@@ -117,6 +122,7 @@ impl TcpProxy {
                 force: force_rx,
             }),
             running: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
             tracker: TaskTracker::new(),
             force,
         }
@@ -138,8 +144,11 @@ impl TcpProxy {
     /// over (a rename or a swap): the port is taken while it is open. Dropping the result lets go
     /// of the new sockets. Must be called inside a tokio runtime.
     pub fn prepare(&self, configs: &[TcpConfig]) -> anyhow::Result<Prepared> {
-        warn_over_descriptor_budget(configs);
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::SeqCst) {
+            anyhow::bail!("[[tcp]]: shutting down, so no listener is bound");
+        }
+        warn_over_descriptor_budget(configs);
         let mut listeners = Vec::with_capacity(configs.len());
         let mut identities = Vec::new();
         let keeps = |name: &str, listen: SocketAddr| {
@@ -215,8 +224,13 @@ impl TcpProxy {
     /// and their connections drain. Cannot fail.
     /// Running listeners must be those `prepared` was made against (live reloads run one at a
     /// time).
+    /// After [`TcpProxy::shutdown`] began, it starts nothing: the sockets `prepared` bound close.
     pub fn commit(&self, prepared: Prepared, groups: Arc<Groups>) {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::SeqCst) {
+            tracing::info!("tcp: shutting down; the listeners of a late reload are not started");
+            return;
+        }
         crate::server::tls::resume::keep_apart(&prepared.identities);
         // Every running listener is taken out and put back under the name that keeps its socket;
         // those left over are dropped at the end, which stops them.
@@ -308,11 +322,13 @@ impl TcpProxy {
     }
 
     /// Stops accepting everywhere, lets connections finish within `grace`, then closes the rest.
+    /// No change is applied after it begins ([`TcpProxy::commit`]).
     pub async fn shutdown(&self, grace: Duration) {
-        self.running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        {
+            let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+            self.closed.store(true, Ordering::SeqCst);
+            running.clear();
+        }
         self.tracker.close();
         if tokio::time::timeout(grace, self.tracker.wait())
             .await
@@ -358,4 +374,62 @@ pub fn reload_part(
         let (tcp, groups) = (Arc::clone(&tcp), Arc::clone(&groups));
         Ok(Box::new(move || tcp.commit(prepared, groups.current())) as crate::section::Commit)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listeners(origin: SocketAddr, listen: &[SocketAddr]) -> crate::config::Config {
+        let mut text = format!("[[upstreams]]\nname = \"g\"\nservers = [\"{origin}\"]\n");
+        for l in listen {
+            text.push_str(&format!("\n[[tcp]]\nlisten = \"{l}\"\nupstream = \"g\"\n"));
+        }
+        let config = crate::config::Config::parse_file(&text).unwrap();
+        config.validate().unwrap();
+        config
+    }
+
+    /// A reload prepared before shutdown and committed after it (SIGTERM while the reload ran)
+    /// starts no listener: it bound `[[tcp]]` listeners afresh, with accept loops, in a process
+    /// on its way out. A change prepared after shutdown binds nothing at all.
+    #[tokio::test]
+    async fn a_change_after_shutdown_starts_no_listener() {
+        let origin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let origin = origin.local_addr().unwrap();
+        let free = || {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        };
+        let (first, added) = (free(), free());
+        let mut registry = prometheus_client::registry::Registry::default();
+        let tcp = TcpProxy::new(TcpMetrics::register(&mut registry));
+        let config = listeners(origin, &[first]);
+        let groups = Arc::new(Groups::new(&config.upstreams).unwrap());
+        tcp.apply(&config.tcp, Arc::clone(&groups)).unwrap();
+        assert_eq!(tcp.local_addrs().len(), 1);
+
+        let late = tcp
+            .prepare(&listeners(origin, &[first, added]).tcp)
+            .unwrap();
+        tcp.shutdown(Duration::ZERO).await;
+        tcp.commit(late, Arc::clone(&groups));
+        assert!(
+            tcp.local_addrs().is_empty(),
+            "a commit after shutdown started {:?}",
+            tcp.local_addrs()
+        );
+        let err = std::net::TcpStream::connect(added).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+
+        let err = tcp
+            .prepare(&listeners(origin, &[added]).tcp)
+            .err()
+            .expect("a change prepared after shutdown");
+        assert!(format!("{err:#}").contains("shutting down"), "{err:#}");
+        let err = std::net::TcpStream::connect(added).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    }
 }

@@ -771,3 +771,151 @@ fn a_reload_while_draining_binds_no_listener() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// SIGTERM while a SIGHUP reload is stuck reading its file (a config on a hung NFS mount, here a
+/// FIFO nobody writes) starts the drain at once: it waited for the reload, so the listeners kept
+/// accepting until SIGKILL. Once the file is read, the reload is refused ("draining": the
+/// listener it adds is never bound), and the service manager, told STOPPING meanwhile, hears no
+/// READY after it.
+#[cfg(feature = "tcp")]
+#[test]
+fn a_reload_stuck_on_its_file_does_not_hold_the_drain() {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::net::UnixDatagram;
+    let origin = TcpListener::bind("127.0.0.1:0").unwrap();
+    let origin_addr = origin.local_addr().unwrap().to_string();
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for mut s in origin.incoming().flatten() {
+            let _ = seen_tx.send(());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 512];
+                while s.read(&mut buf).is_ok_and(|n| n > 0) {}
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    let pid = dir.path().join("sluice.pid");
+    let report = dir.path().join("sluice.pid.reload");
+    let notify_path = dir.path().join("notify");
+    let notify = UnixDatagram::bind(&notify_path).unwrap();
+    notify
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let next = || {
+        let mut buf = [0u8; 1024];
+        let n = notify.recv(&mut buf).expect("a notification in time");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let (listen, relay, added) = (free_listen(), free_listen(), free_listen());
+    let text = |tcp: &[&str]| {
+        let mut t = format!(
+            "[server]\nlisten = [\"{listen}\"]\npid_file = \"{}\"\nshutdown_grace_secs = 60\n\n\
+             [[upstreams]]\nname = \"db\"\nservers = [\"{origin_addr}\"]\n",
+            pid.display()
+        );
+        for l in tcp {
+            t.push_str(&format!("\n[[tcp]]\nlisten = \"{l}\"\nupstream = \"db\"\n"));
+        }
+        t
+    };
+    std::fs::write(&file, text(&[&relay])).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", file.to_str().unwrap()])
+        .env_remove("RUST_LOG")
+        .env_remove("WATCHDOG_USEC")
+        .env("NOTIFY_SOCKET", &notify_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = next();
+    assert!(ready.starts_with("READY=1\n"), "{ready:?}");
+    let held = std::net::TcpStream::connect(&relay).unwrap();
+    seen.recv_timeout(Duration::from_secs(10))
+        .expect("the relay never reached the origin");
+
+    // The config file becomes a FIFO: a reload blocks opening it, then reading it.
+    std::fs::remove_file(&file).unwrap();
+    let c_file = std::ffi::CString::new(file.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c_file.as_ptr(), 0o600) }, 0);
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    let reloading = next();
+    assert!(reloading.starts_with("RELOADING=1\n"), "{reloading:?}");
+    // A writer opens only once the reload holds the FIFO open: from then on it is stuck in
+    // `read` (holding its turn) until the writer writes and closes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut writer = loop {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&file)
+        {
+            Ok(w) => break w,
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "{e}");
+                assert!(
+                    Instant::now() < deadline,
+                    "the reload never opened its file"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let stopping = next();
+    assert!(stopping.starts_with("STOPPING=1\n"), "{stopping:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&listen).is_ok()
+        || std::net::TcpStream::connect(&relay).is_ok()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the listeners still accept: the drain waits for the stuck reload"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "nothing held the drain"
+    );
+
+    // The file comes through (adding a listener): the reload is refused, nothing is bound.
+    writer
+        .write_all(text(&[&relay, &added]).as_bytes())
+        .unwrap();
+    drop(writer);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let outcome = loop {
+        if let Ok(text) = std::fs::read_to_string(&report) {
+            break text;
+        }
+        assert!(Instant::now() < deadline, "no reload outcome written");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        outcome.contains("\"reloaded\":false") && outcome.contains("draining"),
+        "{outcome}"
+    );
+    let err = std::net::TcpStream::connect(&added).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "sluice did not exit after the drain"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Every notification the process sent is queued: none after STOPPING says it serves.
+    notify.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 1024];
+    while let Ok(n) = notify.recv(&mut buf) {
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(!text.contains("READY=1"), "after STOPPING: {text:?}");
+    }
+}

@@ -129,15 +129,21 @@ impl Reloader {
     }
 
     /// The process starts draining (`handed_over`: after a binary upgrade): every reload from now
-    /// on is refused with [`DRAINING_REFUSAL`]. Waits for a reload under way to finish, so none
-    /// commits after this returns (it blocks: call it off the async threads).
-    pub fn begin_drain(&self, handed_over: bool) {
+    /// on is refused with [`DRAINING_REFUSAL`], and one under way is refused once its file is
+    /// read. Never waits (a reload under way may be stuck reading its file from a hung mount:
+    /// shutdown must not wait for it to start draining); [`Reloader::settle`] waits for it.
+    pub fn mark_draining(&self, handed_over: bool) {
         let state = if handed_over { HANDED_OVER } else { DRAINING };
         self.state.store(state, Ordering::SeqCst);
+    }
+
+    /// Waits for a reload under way to end (it blocks: call it off the async threads, and bound
+    /// the wait: the reload may be stuck on its file).
+    pub fn settle(&self) {
         drop(self.turn.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
-    /// Whether [`Reloader::begin_drain`] was called.
+    /// Whether [`Reloader::mark_draining`] was called.
     pub fn draining(&self) -> bool {
         self.state.load(Ordering::SeqCst) != SERVING
     }
@@ -216,6 +222,11 @@ impl Reloader {
         // The upstream guard refuses this machine's own addresses: a reload reads them again.
         crate::upstream::guard::refresh_own_addresses();
         let config = Config::load(self.file.as_deref(), std::env::vars(), &self.flags)?;
+        // Reading the file can take long (a slow or hung mount): a drain that began meanwhile
+        // refuses this reload before any part prepares (binds) or commits.
+        if self.draining() {
+            anyhow::bail!(DRAINING_REFUSAL);
+        }
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let new = flatten(&config);
         let changed = match running.as_ref() {
@@ -336,7 +347,9 @@ pub async fn on_sighup(mut hup: tokio::signal::unix::Signal, reloader: Arc<Reloa
             crate::server::notify::reloading();
         }
         let applied = tokio::task::spawn_blocking(move || r.reload_logged("SIGHUP")).await;
-        if tell {
+        // A drain that began while the reload ran (SIGTERM during a slow reload): the manager
+        // was told STOPPING since, and READY now would undo it.
+        if tell && !reloader.draining() {
             crate::server::notify::reloaded(matches!(applied, Ok(Ok(_))));
         }
     }
@@ -392,7 +405,7 @@ mod tests {
         assert_eq!(committed.load(Ordering::SeqCst), 1);
         assert!(!reloader.draining());
 
-        reloader.begin_drain(false);
+        reloader.mark_draining(false);
         let err = format!("{:#}", reloader.reload_logged("test").unwrap_err());
         assert!(err.contains("draining"), "{err}");
         assert_eq!(
@@ -411,12 +424,44 @@ mod tests {
 
         // After a hand-over the outcome file is the new process's: left as it is.
         std::fs::write(&report, "new process\n").unwrap();
-        reloader.begin_drain(true);
+        reloader.mark_draining(true);
         assert!(reloader.reload().is_err());
         assert!(reloader.reload_logged("test").is_err());
         assert_eq!(std::fs::read_to_string(&report).unwrap(), "new process\n");
         assert_eq!(committed.load(Ordering::SeqCst), 1);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// SIGTERM while a reload is stuck reading its file (a hung mount) marks the process
+    /// draining at once: waiting for the reload's turn first kept every listener accepting for
+    /// as long as the reload was stuck. [`Reloader::settle`] is the wait, apart.
+    #[test]
+    fn draining_is_marked_without_waiting_for_a_reload_under_way() {
+        let reloader = Arc::new(Reloader::new(None, Overrides::default()));
+        // A reload under way holds the turn, as one stuck in `Config::load` does.
+        let turn = reloader.turn.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r = reloader.clone();
+        std::thread::spawn(move || {
+            r.mark_draining(false);
+            let _ = tx.send(r.draining());
+        });
+        let marked = rx.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(
+            marked,
+            Ok(true),
+            "marking the drain waited for the reload under way"
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let r = reloader.clone();
+        std::thread::spawn(move || {
+            r.settle();
+            let _ = tx.send(());
+        });
+        drop(turn);
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("settle returns once the reload's turn ends");
+        assert!(reloader.draining());
     }
 
     /// Setting, changing or unsetting `server.max_tunnels_per_ip` is a change a reload applies

@@ -69,7 +69,7 @@ pub struct Reservation {
 impl Budget {
     /// `total` is `memory_bytes`; at most a quarter of it (at least one slice) is in transit.
     pub fn new(total: u64, slice_bytes: u64, memory: Arc<MemoryTier>) -> Budget {
-        let transit_cap = (total / 4 / slice_bytes).max(1) * slice_bytes;
+        let transit_cap = transit_cap(total, slice_bytes, Semaphore::MAX_PERMITS as u64);
         Budget {
             shared: Arc::new(Shared {
                 total,
@@ -84,7 +84,9 @@ impl Budget {
 
     /// Waits until `bytes` (at most one slice) fit in transit, then takes them from the tier.
     pub async fn reserve(&self, bytes: u64) -> Reservation {
-        let bytes = bytes.min(self.shared.transit_cap);
+        // Never more than the semaphore holds (a wait for more would never end), nor than one
+        // call takes: the bytes booked are the permits held.
+        let bytes = bytes.min(self.shared.transit_cap).min(u64::from(u32::MAX));
         let permit = self
             .shared
             .room
@@ -150,6 +152,18 @@ impl Budget {
             .load(Ordering::Relaxed)
             .max(self.accounted())
     }
+}
+
+/// The bytes in transit at once: a quarter of `total` in whole slices (at least one), and at
+/// most `max_permits` (`Semaphore::MAX_PERMITS`, 536,870,911 on a 32-bit target), in whole slices
+/// too: the semaphore's permits are these bytes, and one past what it holds panicked in
+/// `Semaphore::new` (`memory_bytes = "2GiB"` on a 32-bit router; 16 GiB and more was truncated
+/// by `as usize` there). The budget's transit share is cut to that: slices in transit wait for
+/// room sooner, and tier + transit still stays under `total`. `slice_bytes` (at most 64 MiB) is
+/// under `max_permits` on every target.
+fn transit_cap(total: u64, slice_bytes: u64, max_permits: u64) -> u64 {
+    let slices = (total / 4 / slice_bytes).min(max_permits / slice_bytes);
+    slices.max(1) * slice_bytes
 }
 
 impl Shared {
@@ -239,6 +253,44 @@ mod tests {
             "{}",
             budget.peak()
         );
+    }
+
+    /// The transit share is bytes in a semaphore, which holds at most `Semaphore::MAX_PERMITS`
+    /// (536,870,911 on a 32-bit target): `memory_bytes = "2GiB"` there made a quarter one past
+    /// it, and `Semaphore::new` panicked. The share is cut to whole slices under what it holds,
+    /// and a reservation books exactly the permits it holds.
+    #[tokio::test]
+    async fn the_transit_share_fits_in_a_semaphore_on_every_target() {
+        const MAX_PERMITS_32: u64 = (u32::MAX >> 3) as u64;
+        let (mib, gib) = (1u64 << 20, 1u64 << 30);
+        // 32-bit arithmetic: 2 GiB and 64 GiB (which `as usize` truncated) stay under the limit.
+        for total in [2 * gib, 16 * gib, 64 * gib] {
+            let cap = transit_cap(total, mib, MAX_PERMITS_32);
+            assert!(cap <= MAX_PERMITS_32, "{total}: {cap}");
+            assert_eq!(cap % mib, 0, "{total}: {cap}");
+            assert_eq!(cap, 511 * mib, "{total}");
+        }
+        assert_eq!(transit_cap(gib, mib, MAX_PERMITS_32), gib / 4);
+        assert_eq!(transit_cap(64 * gib, 64 * mib, MAX_PERMITS_32), 448 * mib);
+        assert_eq!(transit_cap(16 * mib, 16 * mib, MAX_PERMITS_32), 16 * mib);
+
+        // On this target too: a total whose quarter is past `MAX_PERMITS` builds and reserves.
+        let slice = 64 * 1024;
+        let memory = Arc::new(MemoryTier::new(16 * slice, slice));
+        let budget = Budget::new(u64::MAX, slice, memory);
+        let cap = budget.shared.transit_cap;
+        assert!(cap <= Semaphore::MAX_PERMITS as u64, "{cap}");
+        assert_eq!(budget.shared.room.available_permits() as u64, cap);
+        let held = budget.reserve(slice).await;
+        assert_eq!(budget.in_transit(), slice);
+        assert_eq!(
+            budget.shared.room.available_permits() as u64,
+            cap - slice,
+            "the bytes booked are the permits held"
+        );
+        drop(held);
+        assert_eq!(budget.in_transit(), 0);
+        assert_eq!(budget.shared.room.available_permits() as u64, cap);
     }
 
     /// Heads charged by the object index are taken from the tier like transit, and given back.

@@ -754,7 +754,7 @@ impl Pump {
         SCRATCH.with_borrow_mut(|scratch| {
             let max = self.settings.max_datagram;
             let batch = match scratch {
-                Some(b) if b.slot() == max.max(64) => b,
+                Some(b) if b.slot() == max.clamp(64, crate::net::recv::MAX_SLOT) => b,
                 _ => scratch.insert(RecvBatch::new(max, RECV_BATCH)),
             };
             for _ in 0..DRAIN_CALLS {
