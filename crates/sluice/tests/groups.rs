@@ -363,3 +363,44 @@ async fn heads_an_origin_drops_cannot_take_every_server_out() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body == "a" || body == "b", "{body}");
 }
+
+/// Finding (review of the above): the fallback held primaries only, so with the primary down by
+/// the active check and the backup ejected by heads it drops, every request got 503
+/// `no_healthy_upstream`: passive ejection alone had emptied the group. With no primary the
+/// check calls up, the fallback turns to the backups it does, and counts the plan.
+#[tokio::test]
+async fn a_backup_ejected_by_dropped_heads_still_serves_when_the_check_takes_the_primary() {
+    let (primary, _) = named_origin("primary", Arc::new(AtomicBool::new(false))).await;
+    let backup = small_head_origin("z").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_config(
+        &dir,
+        &format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[upstreams]]\nname = \"web\"\n\
+             servers = [\"{primary}\", {{ addr = \"{backup}\", backup = true }}]\n\
+             max_fails = 1\nfail_timeout_secs = 60\n{HEALTH}\n\n\
+             [[routes]]\npath = \"/\"\nupstream = \"web\"\n"
+        ),
+    );
+    let s = Running::start(&file).await;
+    s.wait_metric(&format!(
+        "sluice_upstream_server_up{{group=\"web\",server=\"{primary}\"}} 0"
+    ))
+    .await;
+    let cookie = format!("session={}", "x".repeat(5 * 1024));
+    let r = reverse_support::get(
+        &format!("http://{}/big", s.addr),
+        &[("cookie", cookie.as_str())],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{r:?}");
+    let group = Arc::clone(s.app.groups().current().get("web").unwrap());
+    assert!(
+        group.servers()[1].is_ejected(),
+        "the big head ejected the backup"
+    );
+    // Served by the backup (it was a 503 `no_healthy_upstream`), and counted.
+    assert_eq!(s.get("/normal").await, (StatusCode::OK, "z".to_string()));
+    s.wait_metric("sluice_upstream_fallback_plans_total{group=\"web\"} 1")
+        .await;
+}

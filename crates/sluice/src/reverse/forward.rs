@@ -23,7 +23,7 @@ use super::{Reverse, Route};
 use crate::body::{self, Body};
 use crate::error::{ProxyError, Side};
 use crate::runtime::recent::{self, recent};
-use crate::upstream::group::health::is_local_failure;
+use crate::upstream::group::health::{is_local_exhaustion, is_local_failure};
 use crate::upstream::group::{InFlight, Server};
 
 /// The `PURGE` credential field (`cache::purge`).
@@ -917,10 +917,23 @@ where
                 plan.spend_trial(index);
                 return Err(e);
             }
-            // This side's failure (out of descriptors, say), not the server's: booked on
-            // none (a client filling the descriptor table would eject every server), and not
-            // tried on another (it would fail the same way). A recovery trial the plan holds is
-            // given back when it drops: the server was never reached.
+            // This side's failure, not the server's: booked on none (a client filling the
+            // descriptor table would eject every server). A recovery trial the plan holds is
+            // given back when it drops: the server was never reached. Out of descriptors or
+            // memory, no other server is tried (it would fail the same way); with no local
+            // address or port toward this server (`EADDRNOTAVAIL`: ports run out per
+            // destination, a name this host cannot reach from), the next one may be reached.
+            Ok(Err(AttemptFailure::Failed(FetchError::Local { group, source })))
+                if !is_local_exhaustion(&source) =>
+            {
+                tracing::debug!(route = %route.name, server = server.addr(), error = %source,
+                    "attempt failed: no local address");
+                last = Some(FetchError::Local { group, source });
+                if body.is_none_or(BodySlot::untouched) || replayable {
+                    continue;
+                }
+                break;
+            }
             Ok(Err(AttemptFailure::Failed(e @ FetchError::Local { .. }))) => return Err(e),
             Ok(Err(AttemptFailure::Failed(e))) => e,
             Err(_) => {
@@ -1534,7 +1547,7 @@ mod tests {
                 (out.err().unwrap(), tried.load(Ordering::Relaxed))
             }
         };
-        for code in [libc::EMFILE, libc::ENFILE, libc::EADDRNOTAVAIL] {
+        for code in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM] {
             for _ in 0..5 {
                 let (e, tried) = run(code).await;
                 assert!(matches!(e, FetchError::Local { .. }), "{e}");
@@ -1549,6 +1562,62 @@ mod tests {
         assert!(matches!(e, FetchError::Refused { .. }), "{e}");
         assert_eq!(tried, 2);
         assert!(group.servers().iter().all(|s| s.is_ejected()));
+    }
+
+    /// Finding (review of the above): `EADDRNOTAVAIL` ended the loop at once too, as if every
+    /// server would fail the same way; but local ports run out per destination, and a server
+    /// this host cannot reach from (a name with only IPv6 addresses, IPv6 off) would have its
+    /// share of requests answered 503 for good. The next server is tried, nothing booked.
+    #[tokio::test]
+    async fn no_local_address_toward_one_server_tries_the_next() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let config: crate::upstream::group::GroupConfig = toml::from_str(
+            "name = \"app\"\nservers = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nmax_fails = 1\n",
+        )
+        .unwrap();
+        let group = Arc::new(crate::upstream::group::Group::new(&config).unwrap());
+        let metrics = super::super::metrics::ReverseMetrics::new(
+            &mut prometheus_client::registry::Registry::default(),
+        );
+        let route = Arc::new(
+            Route::new(
+                &route("/", false, None),
+                Arc::clone(&group),
+                &super::super::ReverseConfig::default(),
+                None,
+                1,
+                &metrics,
+            )
+            .unwrap(),
+        );
+        let budget = super::super::budget::RetryBudget::new(100, 100);
+        for _ in 0..4 {
+            let tried = AtomicUsize::new(0);
+            let answered = attempt_loop::<String, _, _>(
+                &budget,
+                &route,
+                None,
+                false,
+                (None, HeadClock::Timer),
+                |server, _, _| {
+                    let first = tried.fetch_add(1, Ordering::Relaxed) == 0;
+                    let cf = failed_with(libc::EADDRNOTAVAIL, false);
+                    Some(async move {
+                        match first {
+                            true => Err(AttemptFailure::Failed(connect_failure(&cf, "app"))),
+                            false => Ok(server.addr().to_string()),
+                        }
+                    })
+                },
+            )
+            .await;
+            let (addr, _in_flight) = answered.unwrap_or_else(|e| panic!("{e}"));
+            assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+            assert_eq!(tried.load(Ordering::Relaxed), 2);
+        }
+        for s in group.servers() {
+            assert_eq!((s.failures(), s.ejections()), (0, 0), "{}", s.addr());
+        }
     }
 
     #[test]

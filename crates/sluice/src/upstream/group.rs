@@ -168,6 +168,20 @@ pub struct Group {
     /// Consistent-hash table over the primaries (`balance = "hash"` only).
     ring: Option<HashRing>,
     next: AtomicUsize,
+    /// Plans made by the fallback ([`Group::plan`]: nothing usable), since the group was first
+    /// built (carried over a reload).
+    fallback_plans: AtomicU64,
+    /// At most one fallback warning a second for this group.
+    fallback_warnings: FallbackWarnings,
+}
+
+/// The rate limit of a group's fallback warnings.
+struct FallbackWarnings(crate::logging::WarnLimit);
+
+impl std::fmt::Debug for FallbackWarnings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FallbackWarnings")
+    }
 }
 
 impl Group {
@@ -246,6 +260,8 @@ impl Group {
             cycle,
             ring,
             next: AtomicUsize::new(0),
+            fallback_plans: AtomicU64::new(previous.map_or(0, Group::fallback_plans)),
+            fallback_warnings: FallbackWarnings(crate::logging::WarnLimit::new(1000)),
         })
     }
 
@@ -270,11 +286,17 @@ impl Group {
         &self.servers
     }
 
+    /// Plans the fallback made: requests or connections sent to a server passive ejection had
+    /// taken out, because no server was usable (`sluice_upstream_fallback_plans_total`).
+    pub fn fallback_plans(&self) -> u64 {
+        self.fallback_plans.load(Ordering::Relaxed)
+    }
+
     /// The order to try servers in for one request or connection: the balanced choice first, then
     /// the other usable primaries; backups only when no primary is usable. When no server at all
-    /// is usable, the primaries the active check calls up (all of them without a check), ejected
-    /// or not: passive ejection alone never empties the plan, only the active check does. `key`
-    /// is the hash input when the group balances by hash (without one, round robin).
+    /// is usable, the fallback: passive ejection alone never empties the plan, only the active
+    /// check does (`Group::fallback`). `key` is the hash input when the group balances by hash
+    /// (without one, round robin).
     ///
     /// A server whose ejection has just expired is let back for one trial: it goes first in exactly
     /// one plan, and its outcome decides whether it stays. A plan dropped before the trial's
@@ -314,29 +336,18 @@ impl Group {
             for &i in self.backups.iter().filter(|&&i| usable.get(i)) {
                 order.push(i);
             }
-            rotate(
-                order.as_mut_slice(),
-                self.next.fetch_add(1, Ordering::Relaxed),
-            );
+            // The rotation moves only when it had backups to turn: the fallback below takes
+            // its own step, and two a plan would have an even cycle lead with the same server
+            // every time.
+            if order.len() > 0 {
+                rotate(
+                    order.as_mut_slice(),
+                    self.next.fetch_add(1, Ordering::Relaxed),
+                );
+            }
         }
         if order.len() == 0 {
-            // Nothing usable: passive ejection alone never empties a plan (as nginx forgets its
-            // failure counts when every server failed, and Envoy's panic threshold routes to
-            // every host). Failures booked by traffic a client chose (heads an origin drops, say)
-            // could otherwise take out every server and answer 503 to everyone; so the primaries
-            // the active check still calls up (every one without a check) are tried, ejected or
-            // not. Only the active check can leave a group with no server.
-            let mut up = Marks::new(self.servers.len());
-            let mut live = 0;
-            for &i in &self.primaries {
-                if self.servers[i].is_healthy() {
-                    up.set(i);
-                    live += 1;
-                }
-            }
-            if live > 0 {
-                self.order_primaries(key, &up, live, &mut order);
-            }
+            self.fallback(key, &mut order);
         }
         if let Some(t) = &trial {
             let order = order.as_mut_slice();
@@ -348,6 +359,60 @@ impl Group {
             servers: &self.servers,
             order,
             trial,
+        }
+    }
+
+    /// The plan when no server is usable: passive ejection alone never empties a plan (as nginx
+    /// forgets its failure counts when every server failed, and Envoy's panic threshold routes
+    /// to every host). Failures booked by traffic a client chose (heads an origin drops, say)
+    /// could otherwise take out every server and answer 503 to everyone; so the balanced choice
+    /// among the primaries the active check still calls up (every one without a check), ejected
+    /// or not, is tried, or with none of them, among the backups it calls up. Only the active
+    /// check can leave a group with no server.
+    ///
+    /// One server, not all: with every server truly dead, a request (a `[[tcp]]` connection)
+    /// costs one connect timeout, not one per server; and its failure does not push the
+    /// server's ejection deadline back ([`Server::report_failure`]), so the recovery trial
+    /// still comes when the deadline runs out.
+    fn fallback(&self, key: Option<&[u8]>, order: &mut Order) {
+        let mut up = Marks::new(self.servers.len());
+        let mut live = 0;
+        for &i in &self.primaries {
+            if self.servers[i].is_healthy() {
+                up.set(i);
+                live += 1;
+            }
+        }
+        if live > 0 {
+            self.order_primaries(key, &up, live, order);
+            order.truncate(1);
+        } else {
+            let healthy = || {
+                self.backups
+                    .iter()
+                    .copied()
+                    .filter(|&i| self.servers[i].is_healthy())
+            };
+            let n = healthy().count();
+            if n == 0 {
+                return;
+            }
+            let k = self.next.fetch_add(1, Ordering::Relaxed) % n;
+            if let Some(i) = healthy().nth(k) {
+                order.push(i);
+            }
+        }
+        let Some(&chosen) = order.as_slice().first() else {
+            return;
+        };
+        self.fallback_plans.fetch_add(1, Ordering::Relaxed);
+        if let Some(suppressed) = self.fallback_warnings.0.allow_now() {
+            tracing::warn!(
+                group = %self.name,
+                server = self.servers[chosen].addr(),
+                suppressed,
+                "upstream group: no usable server, trying one passive ejection took out"
+            );
         }
     }
 
@@ -532,6 +597,14 @@ impl Order {
 
     fn len(&self) -> usize {
         self.len
+    }
+
+    /// Keeps the first `n` indexes.
+    fn truncate(&mut self, n: usize) {
+        if n < self.len {
+            self.heap.truncate(n);
+            self.len = n;
+        }
     }
 
     fn as_slice(&self) -> &[usize] {
@@ -788,14 +861,24 @@ impl Server {
 
     /// An attempt on this server failed (refused, timed out, reset before a response). After
     /// `max_fails` in a row the server is ejected for `fail_timeout_secs`.
+    ///
+    /// A server already out, whose failure is not its recovery trial's (a request begun before
+    /// the ejection, or one the fallback sent it: [`Group::plan`]), keeps its deadline: pushed
+    /// back on each such failure, a group of dead servers with traffic would never reach the
+    /// trial that brings one back. Its trial's failure starts the timeout over.
     pub fn report_failure(&self) {
         // A verdict: a trial out is decided, not to be given back.
-        self.trial.store(0, SeqCst);
+        let trial = self.trial.swap(0, SeqCst);
         let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if self.max_fails == 0 || n < self.max_fails {
             return;
         }
         let now = clock_ms();
+        let until = self.ejected_until.load(SeqCst);
+        if until > now && trial != until {
+            tracing::debug!(server = %self.addr, "ejected upstream server failed again");
+            return;
+        }
         let until = self
             .ejected_until
             .swap(now + self.fail_timeout.as_millis() as u64, SeqCst);
@@ -804,8 +887,8 @@ impl Server {
         // ejection, and its give-back must not take this ejection for its own.
         self.trial.store(0, SeqCst);
         if until != 0 && until > now {
-            // Already out (or its one trial just failed): the timeout starts over.
-            tracing::debug!(server = %self.addr, "ejected upstream server failed again");
+            // Its one trial failed: the timeout starts over.
+            tracing::debug!(server = %self.addr, "recovery trial failed");
             return;
         }
         self.ejections.fetch_add(1, Ordering::Relaxed);

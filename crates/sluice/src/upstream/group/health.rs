@@ -156,7 +156,9 @@ pub fn is_local_exhaustion(e: &io::Error) -> bool {
 
 /// Whether a failure to reach a server is this side's, not the server's: local exhaustion
 /// ([`is_local_exhaustion`]) or no local address/port to connect from (`EADDRNOTAVAIL`). Such a
-/// failure gives no verdict on the server's health.
+/// failure is booked on no server; only exhaustion is no verdict for the active check
+/// (`Runs::record`), and only exhaustion stops the attempts (another server may be reached
+/// without a local port toward this one).
 pub fn is_local_failure(e: &io::Error) -> bool {
     is_local_exhaustion(e) || e.raw_os_error() == Some(libc::EADDRNOTAVAIL)
 }
@@ -170,9 +172,12 @@ struct Runs {
 
 impl Runs {
     /// Counts one check's `result` and flips the server after `rise` or `fall` in a row. A check
-    /// that failed on this side ([`is_local_failure`]: a full descriptor table, say, which any
-    /// client can bring about) is no verdict: neither run moves, so it can neither take a
-    /// healthy server out nor bring a down one back.
+    /// that failed for this side's exhaustion ([`is_local_exhaustion`]: a full descriptor table,
+    /// say, which any client can bring about) is no verdict: neither run moves, so it can neither
+    /// take a healthy server out nor bring a down one back. `EADDRNOTAVAIL` is a failure: it
+    /// lasts (a name whose only addresses this host cannot reach from, IPv6 off) or passes with
+    /// ports toward one destination, and a check that never gave a verdict would keep such a
+    /// server up for ever.
     fn record(
         &mut self,
         server: &Server,
@@ -189,7 +194,7 @@ impl Runs {
                     server.set_healthy(true);
                 }
             }
-            Err(e) if is_local_failure(&e) => {
+            Err(e) if is_local_exhaustion(&e) => {
                 tracing::warn!(%group, server = server.addr(), error = %e,
                     "health check: out of local resources, no verdict");
             }
@@ -377,12 +382,7 @@ mod tests {
                 super::probe(&server, &check, dial).await
             }
         };
-        for code in [
-            libc::EMFILE,
-            libc::ENFILE,
-            libc::ENOBUFS,
-            libc::EADDRNOTAVAIL,
-        ] {
+        for code in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM] {
             for _ in 0..5 {
                 let result = step(code).await;
                 assert_eq!(result.as_ref().unwrap_err().raw_os_error(), Some(code));
@@ -402,6 +402,40 @@ mod tests {
         assert!(!server.is_healthy());
         runs.record(&server, &check, "app", Ok(()));
         assert!(server.is_healthy());
+    }
+
+    /// Finding (review of the above): `EADDRNOTAVAIL` was no verdict too, so a server no check
+    /// could ever reach from this host (a name with only IPv6 addresses, IPv6 off) stayed up
+    /// for ever and kept its share of requests. It is a failure: `fall` of them take it out.
+    #[tokio::test]
+    async fn a_check_with_no_local_address_is_a_failure() {
+        let config: super::super::GroupConfig = toml::from_str(
+            "name = \"app\"\nservers = [\"127.0.0.1:9\"]\n\
+             [health_check]\nkind = \"tcp\"\ntimeout_secs = 2\nrise = 2\nfall = 2\n",
+        )
+        .unwrap();
+        let group = super::super::Group::new(&config).unwrap();
+        let check = config.health_check.clone().unwrap();
+        let server = group.servers()[0].clone();
+        let mut runs = super::Runs::default();
+        let dial = |_: String, _| async move { Err(os(libc::EADDRNOTAVAIL)) };
+        runs.record(
+            &server,
+            &check,
+            "app",
+            super::probe(&server, &check, dial).await,
+        );
+        assert!(server.is_healthy());
+        runs.record(
+            &server,
+            &check,
+            "app",
+            super::probe(&server, &check, dial).await,
+        );
+        assert!(
+            !server.is_healthy(),
+            "two EADDRNOTAVAIL checks with fall = 2"
+        );
     }
 
     #[test]

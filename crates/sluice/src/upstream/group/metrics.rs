@@ -18,7 +18,7 @@ pub struct GroupMetrics {
 }
 
 impl GroupMetrics {
-    /// Registers the `upstream_server_*` families.
+    /// Registers the `upstream_server_*` families and `upstream_fallback_plans`.
     pub fn register(registry: &mut Registry) -> GroupMetrics {
         let metrics = GroupMetrics::default();
         registry.register_collector(Box::new(metrics.clone()));
@@ -81,6 +81,16 @@ impl Collector for GroupMetrics {
                 let labels = [("group", group.name()), ("server", server.addr())];
                 ConstCounter::new(server.ejections()).encode(family.encode_family(&labels)?)?;
             }
+        }
+        let mut family = encoder.encode_descriptor(
+            "upstream_fallback_plans",
+            "Requests or connections sent to a server passive ejection took out, no server being usable",
+            None,
+            ConstCounter::new(0u64).metric_type(),
+        )?;
+        for group in &groups {
+            let labels = [("group", group.name())];
+            ConstCounter::new(group.fallback_plans()).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -158,15 +158,19 @@ fn passive_ejection_alone_never_empties_the_plan() {
     assert_eq!(addrs(g.plan(None)), ["z:1"]);
     z.report_failure();
     assert!(z.is_ejected());
-    // Everything ejected: the primaries, still up by the (absent) check, are tried.
+    // Everything ejected: a primary, still up by the (absent) check, is tried (one a plan).
     for _ in 0..3 {
-        assert_eq!(addrs(g.plan(None)), ["a:1", "b:1"]);
+        let plan = addrs(g.plan(None));
+        assert!(plan == ["a:1"] || plan == ["b:1"], "{plan:?}");
     }
     // A primary the active check calls down is not.
     a.set_healthy(false);
     assert_eq!(addrs(g.plan(None)), ["b:1"]);
-    // Nothing up by the check: empty (503).
+    // No primary up by the check: the backup it calls up, ejected as it is.
     b.set_healthy(false);
+    assert_eq!(addrs(g.plan(None)), ["z:1"]);
+    // Nothing up by the check: empty (503).
+    z.set_healthy(false);
     assert!(g.plan(None).is_empty());
     // Up again by the check: the fallback holds it, ejected as it is, and a success on it ends
     // the ejection.
@@ -176,6 +180,112 @@ fn passive_ejection_alone_never_empties_the_plan() {
     assert_eq!(addrs(g.plan(None)), ["b:1"]);
     b.report_success();
     assert!(b.is_usable());
+}
+
+/// Finding (review of the fallback): with every primary down by the active check and every
+/// backup ejected by passive failures, the fallback (primaries only) found nothing: 503 for
+/// everyone, passive ejection alone having emptied the group. It turns to the backups the
+/// check calls up when no primary is.
+#[test]
+fn the_fallback_turns_to_backups_when_the_check_takes_every_primary() {
+    let g = group(
+        r#"name = "p"
+        max_fails = 1
+        fail_timeout_secs = 60
+        servers = ["a:1", { addr = "y:1", backup = true }, { addr = "z:1", backup = true }]"#,
+    );
+    let (a, y, z) = (&g.servers()[0], &g.servers()[1], &g.servers()[2]);
+    a.set_healthy(false);
+    y.report_failure();
+    z.report_failure();
+    assert!(y.is_ejected() && z.is_ejected());
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let plan = g.plan(None);
+        assert_eq!(plan.len(), 1);
+        assert!(plan[0].is_backup());
+        seen.push(plan[0].addr().to_string());
+    }
+    seen.sort();
+    assert_eq!(seen, ["y:1", "z:1"]);
+    // A backup the check calls down is not tried.
+    y.set_healthy(false);
+    z.set_healthy(false);
+    assert!(g.plan(None).is_empty());
+}
+
+/// Finding (review of the fallback): it planned every primary, so with every server truly dead
+/// and no active check each request cost a connect timeout per server (a `[[tcp]]` connection
+/// dialled them all), and each failure pushed the ejection deadline back, so the one recovery
+/// trial never came while traffic flowed. A fallback plan holds the balanced choice alone, its
+/// failure leaves the deadline where it was, and the trial still comes (and its failure starts
+/// the timeout over). Each plan is counted.
+#[test]
+fn a_fallback_plan_holds_one_server_and_leaves_its_deadline() {
+    let g = group(
+        r#"name = "p"
+        max_fails = 1
+        fail_timeout_secs = 60
+        servers = ["a:1", "b:1", "c:1"]"#,
+    );
+    for s in g.servers() {
+        s.report_failure();
+        assert!(s.is_ejected());
+    }
+    // Ejected 30 s ago (of 60): 30 s left.
+    let until = clock_ms() + 30_000;
+    for s in g.servers() {
+        s.ejected_until.store(until, SeqCst);
+    }
+    assert_eq!(g.fallback_plans(), 0);
+    for k in 1..=6 {
+        let plan = g.plan(None);
+        assert_eq!(plan.len(), 1, "a fallback plan holds one server");
+        assert!(plan.trial.is_none());
+        plan[0].report_failure();
+        drop(plan);
+        assert_eq!(g.fallback_plans(), k);
+        for s in g.servers() {
+            assert_eq!(s.ejected_until.load(SeqCst), until, "{}", s.addr());
+            assert_eq!(s.ejections(), 1);
+        }
+    }
+    // The deadline runs out: the next plan takes a's trial, as a normal plan (not counted).
+    let a = &g.servers()[0];
+    a.ejected_until.store(1, SeqCst);
+    let trial = g.plan(None);
+    assert_eq!((trial.len(), trial[0].addr()), (1, "a:1"));
+    assert!(trial.trial.is_some());
+    assert_eq!(g.fallback_plans(), 6);
+    // Its failure is the trial's verdict: a full `fail_timeout` from now.
+    let before = clock_ms();
+    a.report_failure();
+    drop(trial);
+    assert!(a.ejected_until.load(SeqCst) >= before + 60_000);
+    assert!(a.is_ejected());
+    assert_eq!(a.ejections(), 1);
+}
+
+/// Finding (review of the fallback): the backup branch moved the round robin even with no
+/// backup to turn, and the fallback moved it again: two steps a plan, so with an even cycle the
+/// fallback led with the same server every time. Two equal primaries, both ejected: two plans
+/// try both.
+#[test]
+fn the_fallback_rotation_covers_every_server() {
+    let g = group(
+        r#"name = "p"
+        max_fails = 1
+        fail_timeout_secs = 60
+        servers = ["a:1", "b:1"]"#,
+    );
+    for s in g.servers() {
+        s.report_failure();
+    }
+    for _ in 0..3 {
+        let mut seen: Vec<String> = (0..2).map(|_| g.plan(None)[0].addr().to_string()).collect();
+        seen.sort();
+        assert_eq!(seen, ["a:1", "b:1"]);
+    }
 }
 
 /// Finding: a plan that took an ejected server's one recovery trial moved its deadline a full
