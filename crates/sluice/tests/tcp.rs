@@ -1903,3 +1903,72 @@ async fn a_tls_client_that_stops_reading_is_cut_whatever_it_sends() {
     drop(deaf);
     proxy.idle().await;
 }
+
+/// A connection accepted before a reload, whose TLS handshake completes after it, is relayed to
+/// the servers of the group as the reload left it: the reload moved `g` from A to B, and the
+/// client's bytes reach B. Before, the connection kept the groups of its accept and reached A, a
+/// server the reload had removed (counted on the old generation's servers).
+#[tokio::test]
+async fn a_handshake_finished_after_a_reload_reaches_the_reloaded_group() {
+    let _apart = TLS_LISTENERS.lock().await;
+    let SelfSigned { der, cert, key } = SelfSigned::new(&["localhost"]);
+    let (a, mut a_got) = Upstream::recorder("a").await;
+    let (b, mut b_got) = Upstream::recorder("b").await;
+    let config = |server: std::net::SocketAddr| {
+        format!(
+            "[[upstreams]]\nname = \"g\"\nservers = [\"{server}\"]\n\n\
+             [[tcp]]\nname = \"t\"\nlisten = \"127.0.0.1:0\"\nupstream = \"g\"\n\
+             tls_cert = {:?}\ntls_key = {:?}\n",
+            cert.path(),
+            key.path()
+        )
+    };
+    let proxy = Proxy::start(&config(a.addr));
+    // Connected, accepted (its session started under the first settings), and holding its
+    // handshake: nothing sent yet.
+    let tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    wait_connections(&proxy, 1).await;
+    let accepted = "sluice_tcp_connections_accepted_total{listener=\"t\"} 1";
+    for _ in 0..500 {
+        if proxy.metrics().contains(accepted) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(proxy.metrics().contains(accepted), "{}", proxy.metrics());
+
+    let second = sluice::config::Config::parse_file(&config(b.addr)).unwrap();
+    let groups = Arc::new(
+        sluice::upstream::group::Groups::rebuild(&second.upstreams, Some(&proxy.groups)).unwrap(),
+    );
+    proxy.tcp.apply(&second.tcp, groups).unwrap();
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der.into()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    tls.write_all(b"after the reload").await.unwrap();
+    tls.shutdown().await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut answer)).await;
+    assert_eq!(
+        (
+            String::from_utf8_lossy(&answer).into_owned(),
+            a.accepted.load(Ordering::SeqCst)
+        ),
+        ("b".to_string(), 0),
+        "relayed to the server the reload removed"
+    );
+    assert_eq!(b_got.recv().await.unwrap(), b"after the reload");
+    assert!(a_got.try_recv().is_err());
+    drop(tls);
+    proxy.idle().await;
+}

@@ -122,8 +122,9 @@ pub(super) async fn run(
             },
             _ = stop.wait_for(|s| *s) => return,
         };
-        // Settings may be swapped by a reload at any time; a connection keeps the ones it met.
-        let current = settings.borrow().clone();
+        // Settings may be swapped by a reload at any time: a connection keeps the ones it met,
+        // but picks its server from the groups current once its handshake is done.
+        let current = settings.clone();
         let shared = Arc::clone(&shared);
         tracker.spawn(async move {
             session::serve(stream, peer, current, shared).await;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use sluice_http::{client_hello, proxy_protocol};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 use tokio_rustls::server::TlsStream;
 
 use super::config::ProxyVersion;
@@ -18,7 +19,7 @@ use super::share::Place;
 use super::{Settings, Shared};
 use crate::net::splice::{self, Direction, RelayError, Side};
 use crate::upstream::group::health::is_local_exhaustion;
-use crate::upstream::group::{Balance, Group, InFlight, Plan};
+use crate::upstream::group::{Balance, Group, Groups, InFlight, Plan};
 use crate::upstream::happy;
 
 /// Most bytes buffered while waiting for a complete ClientHello (a 16 KiB hello in up to
@@ -56,13 +57,16 @@ struct Accepted {
     _place: Place,
 }
 
-/// Serves one accepted connection to its end.
+/// Serves one accepted connection to its end: its handshake under the listener's settings of
+/// when it starts, its upstream from the groups of `settings` once the handshake is done.
 pub(super) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
-    s: Arc<Settings>,
+    settings: watch::Receiver<Arc<Settings>>,
     shared: Arc<Shared>,
 ) {
+    // A connection keeps the settings it met (timeouts, TLS, PROXY, routes, its per-IP place)...
+    let s = Arc::clone(&settings.borrow());
     let m = &shared.metrics;
     let labels = m.listener(&s.name);
     m.accepted.get_or_create(&labels).inc();
@@ -88,7 +92,14 @@ pub(super) async fn serve(
         Ok(_) = force.wait_for(|stop| *stop) => None,
     };
     let how = match accepted {
-        Some(Ok(a)) => relay(a, &s, &shared, started).await,
+        Some(Ok(a)) => {
+            // ...but its group is taken from the groups of now: a reload during the handshake
+            // (up to `handshake_timeout_secs`) may have removed a server, or the group. Before,
+            // the connection went to a server the reload had removed, counted on the old
+            // generation's servers.
+            let groups = Arc::clone(&settings.borrow().groups);
+            relay(a, &s, &groups, &shared, started).await
+        }
         None => {
             m.ended
                 .get_or_create(&EndLabels {
@@ -265,8 +276,15 @@ async fn read_client_hello(
     }
 }
 
-/// Connects, sends the PROXY header and prefix, relays; returns how the connection ended.
-async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> &'static str {
+/// Connects to a server of `a`'s group in `groups` (the listener's current ones), sends the
+/// PROXY header and prefix, relays; returns how the connection ended.
+async fn relay(
+    a: Accepted,
+    s: &Settings,
+    groups: &Groups,
+    shared: &Shared,
+    started: Instant,
+) -> &'static str {
     let m = &shared.metrics;
     let refuse = |reason: &'static str| {
         m.refused
@@ -277,8 +295,9 @@ async fn relay(a: Accepted, s: &Settings, shared: &Shared, started: Instant) -> 
             .inc();
         reason
     };
-    let Some(group) = s.groups.get(&a.group) else {
-        return refuse("no_route");
+    // Gone from the current groups: a reload removed it since the route was picked.
+    let Some(group) = groups.get(&a.group) else {
+        return refuse("no_server");
     };
     let key = a.client.ip().to_canonical().to_string();
     let plan = group.plan((group.balance() == Balance::Hash).then_some(key.as_bytes()));
@@ -649,7 +668,7 @@ mod tests {
             _place: settings.per_ip.take(client.ip()).unwrap(),
         };
         let started = Instant::now();
-        let relayed = relay(accepted, &settings, &shared, started);
+        let relayed = relay(accepted, &settings, &settings.groups, &shared, started);
         let force = async {
             tokio::time::sleep(Duration::from_millis(200)).await;
             force_tx.send(true).unwrap();
@@ -865,7 +884,8 @@ mod tests {
             .unwrap();
         let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
         let guard = tracing::subscriber::set_default(Capture(Arc::clone(&lines)));
-        serve(down, peer, Arc::new(settings), Arc::new(shared)).await;
+        let (_settings_tx, settings) = tokio::sync::watch::channel(Arc::new(settings));
+        serve(down, peer, settings, Arc::new(shared)).await;
         drop(guard);
         let lines = lines.lock().unwrap();
         let refused = lines
