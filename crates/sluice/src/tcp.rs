@@ -108,6 +108,9 @@ pub struct TcpProxy {
     /// starts nothing, so a reload that was under way when the process began to drain cannot
     /// start accept loops in a process on its way out.
     closed: AtomicBool,
+    /// The TLS session identities of the listeners committed last (under the `running` lock):
+    /// a commit lets go of those it no longer has, and only those (another proxy's are its own).
+    identities: Mutex<Vec<String>>,
     tracker: TaskTracker,
     force: watch::Sender<bool>,
 }
@@ -123,6 +126,7 @@ impl TcpProxy {
             }),
             running: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
+            identities: Mutex::new(Vec::new()),
             tracker: TaskTracker::new(),
             force,
         }
@@ -231,7 +235,16 @@ impl TcpProxy {
             tracing::info!("tcp: shutting down; the listeners of a late reload are not started");
             return;
         }
-        crate::server::tls::resume::keep_apart(&prepared.identities);
+        {
+            let mut mine = self.identities.lock().unwrap_or_else(|e| e.into_inner());
+            let gone: Vec<String> = mine
+                .iter()
+                .filter(|i| !prepared.identities.contains(i))
+                .cloned()
+                .collect();
+            crate::server::tls::resume::forget_apart(&gone);
+            mine.clone_from(&prepared.identities);
+        }
         // Every running listener is taken out and put back under the name that keeps its socket;
         // those left over are dropped at the end, which stops them.
         let mut before = std::mem::take(&mut *running);

@@ -86,10 +86,14 @@ pub fn enable_apart(config: &mut ServerConfig, identity: &str) {
         .apply(config);
 }
 
-/// Lets go of the sessions of every identity not in `live` (listeners a reload removed or gave
-/// another certificate).
-pub fn keep_apart(live: &[String]) {
-    apart().retain(|identity, _| live.contains(identity));
+/// Lets go of the sessions of the identities in `gone` (listeners a reload removed or gave
+/// another certificate). Only those: another `TcpProxy` in the process (tests start many) keeps
+/// its own, where letting go of every identity but the committing proxy's dropped them.
+pub fn forget_apart(gone: &[String]) {
+    if gone.is_empty() {
+        return;
+    }
+    apart().retain(|identity, _| !gone.contains(identity));
 }
 
 /// Resumption for a config that takes 0-RTT early data: sessions from the cache only, no
