@@ -189,7 +189,7 @@ pub async fn serve_reloadable(
             let _ = stop_tx.send(true);
             // Alongside the drain, a reload under way is given the grace period to end and
             // write its outcome (`sluice reload` waits for it); one stuck longer is logged.
-            if let Some(reloader) = draining {
+            if let Some(reloader) = draining.filter(|r| r.busy()) {
                 let grace = std::time::Duration::from_secs(config.server.shutdown_grace_secs);
                 let settled = tokio::task::spawn_blocking(move || reloader.settle());
                 if tokio::time::timeout(grace, settled).await.is_err() {

@@ -148,13 +148,38 @@ impl TcpProxy {
     /// over (a rename or a swap): the port is taken while it is open. Dropping the result lets go
     /// of the new sockets. Must be called inside a tokio runtime.
     pub fn prepare(&self, configs: &[TcpConfig]) -> anyhow::Result<Prepared> {
-        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         if self.closed.load(Ordering::SeqCst) {
             anyhow::bail!("[[tcp]]: shutting down, so no listener is bound");
         }
         warn_over_descriptor_budget(configs);
-        let mut listeners = Vec::with_capacity(configs.len());
+        // The certificates are read before the running listeners' lock is taken: a certificate
+        // on a hung mount must not hold `shutdown`, which takes that lock on a runtime thread.
         let mut identities = Vec::new();
+        let mut acceptors = Vec::with_capacity(configs.len());
+        for config in configs {
+            let name = config.name();
+            acceptors.push(match (&config.tls_cert, &config.tls_key) {
+                (Some(cert), Some(key)) => {
+                    let identity = format!("{name}\0{}\0{}", cert.display(), key.display());
+                    let mut server = (*crate::server::tls::server_config(cert, key)
+                        .with_context(|| format!("[[tcp]] {name:?}"))?)
+                    .clone();
+                    // A TCP listener relays whatever protocol comes; it must not claim one by ALPN.
+                    server.alpn_protocols.clear();
+                    // Its own sessions: one from another listener (another certificate) must not
+                    // resume here.
+                    crate::server::tls::resume::enable_apart(&mut server, &identity);
+                    identities.push(identity);
+                    Some(TlsAcceptor::from(Arc::new(server)))
+                }
+                _ => None,
+            });
+        }
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::SeqCst) {
+            anyhow::bail!("[[tcp]]: shutting down, so no listener is bound");
+        }
+        let mut listeners = Vec::with_capacity(configs.len());
         let keeps = |name: &str, listen: SocketAddr| {
             running.get(name).is_some_and(|r| {
                 r.local == listen || (listen.port() == 0 && r.local.ip() == listen.ip())
@@ -171,24 +196,8 @@ impl TcpProxy {
                     .any(|c| &c.name() == name && keeps(name, c.listen))
             })
             .collect();
-        for config in configs {
+        for (config, tls) in configs.iter().zip(acceptors) {
             let name = config.name();
-            let tls = match (&config.tls_cert, &config.tls_key) {
-                (Some(cert), Some(key)) => {
-                    let identity = format!("{name}\0{}\0{}", cert.display(), key.display());
-                    let mut server = (*crate::server::tls::server_config(cert, key)
-                        .with_context(|| format!("[[tcp]] {name:?}"))?)
-                    .clone();
-                    // A TCP listener relays whatever protocol comes; it must not claim one by ALPN.
-                    server.alpn_protocols.clear();
-                    // Its own sessions: one from another listener (another certificate) must not
-                    // resume here.
-                    crate::server::tls::resume::enable_apart(&mut server, &identity);
-                    identities.push(identity);
-                    Some(TlsAcceptor::from(Arc::new(server)))
-                }
-                _ => None,
-            };
             // A fixed address another running listener is bound to: its socket, renamed.
             let taken_over = running
                 .iter()

@@ -143,6 +143,14 @@ impl Reloader {
         drop(self.turn.lock().unwrap_or_else(|e| e.into_inner()));
     }
 
+    /// Whether a reload is under way now (its turn is taken). Does not wait.
+    pub fn busy(&self) -> bool {
+        matches!(
+            self.turn.try_lock(),
+            Err(std::sync::TryLockError::WouldBlock)
+        )
+    }
+
     /// Whether [`Reloader::mark_draining`] was called.
     pub fn draining(&self) -> bool {
         self.state.load(Ordering::SeqCst) != SERVING
