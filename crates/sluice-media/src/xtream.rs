@@ -69,19 +69,32 @@ fn parse_decoded(decoded: &str) -> Result<Account, XtreamError> {
 }
 
 fn account(server: &str, user: &str, api_password: Option<String>) -> Result<Account, XtreamError> {
-    let server = server.trim_end_matches('/');
-    let url = url::Url::parse(server).map_err(|_| XtreamError::Server)?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
-        return Err(XtreamError::Server);
-    }
+    let server = canonical_server(server)?;
     if user.is_empty() {
         return Err(XtreamError::EmptyUser);
     }
     Ok(Account {
-        server: server.to_string(),
+        server,
         username: user.to_string(),
         api_password,
     })
+}
+
+/// An `http(s)` XC server in one spelling for each server: as the URL standard serialises it
+/// (scheme and host in lower case, the scheme's default port dropped, dot segments resolved),
+/// without a trailing slash. `HTTP://XC`, `http://xc:80` and `http://xc/` are one server, so
+/// what is sealed for it (and counted by it) does not depend on how a login wrote it.
+pub fn canonical_server(server: &str) -> Result<String, XtreamError> {
+    let url = url::Url::parse(server.trim_end_matches('/')).map_err(|_| XtreamError::Server)?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none_or(str::is_empty) {
+        return Err(XtreamError::Server);
+    }
+    let text = url.as_str();
+    let text = match (url.query(), url.fragment()) {
+        (None, None) => text.trim_end_matches('/'),
+        _ => text,
+    };
+    Ok(text.to_string())
 }
 
 /// Base64 in either alphabet, padding optional, to UTF-8; `None` otherwise.
@@ -317,6 +330,40 @@ mod tests {
         assert_eq!(acc.api_password.as_deref(), Some("pw"));
         let raw = format!("{}:bob", b64("http://xc.example"));
         assert_eq!(parse_username(&raw).unwrap().api_password, None);
+    }
+
+    /// Every spelling of one server is one `server`: scheme and host in lower case, the default
+    /// port dropped, no trailing slash; a path is kept (in the URL standard's form).
+    #[test]
+    fn a_server_has_one_spelling() {
+        for spelled in [
+            "http://xc.example",
+            "HTTP://XC.Example",
+            "http://xc.example:80",
+            "http://xc.example/",
+            "Http://XC.EXAMPLE:80//",
+        ] {
+            let raw = format!("{}:alice:pw", b64(spelled));
+            assert_eq!(parse_username(&raw).unwrap().server, "http://xc.example");
+        }
+        for spelled in [
+            "HTTP://XC.Example:alice:pw",
+            "http://xc.example:80:alice:pw",
+        ] {
+            let acc = parse_username(&b64(spelled)).unwrap();
+            assert_eq!(acc.server, "http://xc.example", "{spelled}");
+        }
+        for (spelled, want) in [
+            ("HTTPS://xc.example:443/", "https://xc.example"),
+            ("https://xc.example:8443", "https://xc.example:8443"),
+            (
+                "http://XC.example:8080/Panel/",
+                "http://xc.example:8080/Panel",
+            ),
+            ("http://[::1]:80", "http://[::1]"),
+        ] {
+            assert_eq!(canonical_server(spelled).as_deref(), Ok(want), "{spelled}");
+        }
     }
 
     #[test]

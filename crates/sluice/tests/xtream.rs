@@ -1095,6 +1095,73 @@ async fn an_xc_username_token_respelled_by_a_login_holds_the_same_share() {
     }
 }
 
+/// A login seals the provider's server as the URL standard spells it: `http://h:p`,
+/// `HTTP://h:p/` (or `http://xc:80`) are one server, so logging in with another spelling of it
+/// gives no new share of `media.max_requests_per_token` for the same account.
+#[tokio::test]
+async fn logins_with_other_spellings_of_the_server_hold_one_share() {
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    c.media.max_requests_per_token = 2;
+    c.media.max_requests_per_client = 10;
+    let s = Sluice::start(c).await;
+    let sign_in = |user: String| {
+        let url = s.url(&format!(
+            "/player_api.php?username={user}&password={XC_PASS}"
+        ));
+        async move {
+            let r = get(&url).await;
+            assert_eq!(r.status, StatusCode::OK);
+            let v: Value = serde_json::from_str(&text(&r)).unwrap();
+            v["user_info"]["username"].as_str().unwrap().to_string()
+        }
+    };
+    let first = login(&p, &s).await;
+    let others = [
+        sign_in(format!(
+            "{}:{XC_USER}:{API_PW}",
+            b64(&format!("HTTP://{}/", p.addr))
+        ))
+        .await,
+        sign_in(b64(&format!("Http://{}:{XC_USER}:{API_PW}", p.addr))).await,
+    ];
+    let held_url = s.url(&format!("/live/{first}/{XC_PASS}/999.ts"));
+    let held: Vec<_> = (0..2)
+        .map(|_| {
+            let url = held_url.clone();
+            tokio::spawn(async move { get(&url).await })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while p
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|q| *q == HELD_STREAM)
+        .count()
+        < 2
+    {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let live = |user: &str| s.url(&format!("/live/{user}/{XC_PASS}/101.ts"));
+    for other in &others {
+        let r = get(&live(other)).await;
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(text(&r).contains("this token has too many"), "{}", text(&r));
+    }
+    for h in held {
+        assert_eq!(h.await.unwrap().status, StatusCode::GATEWAY_TIMEOUT);
+    }
+    for other in &others {
+        let r = get(&live(other)).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(sha256(r.body.as_ref().unwrap()), sha256(&live_bytes()));
+    }
+}
+
 /// Opens `path` as the client `10.0.0.N` behind sluice's trusted proxy and reads only the head of
 /// the answer (and the whole body of one that is not a 200): the socket is left unread.
 async fn unread(addr: SocketAddr, path: &str, client: u8) -> (StatusCode, String, TcpStream) {

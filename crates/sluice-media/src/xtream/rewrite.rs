@@ -106,6 +106,9 @@ impl Rewriter<'_> {
     /// when the outer one is not rewritten the scan goes on after its `://`. At most
     /// [`MAX_URLS_PER_RUN`] URLs of one run (the text up to a space or a quote) are read, each in
     /// at most [`MAX_URL`] bytes, so a run of `http://http://...` costs a few times its length.
+    /// What is not read (the rest of a run past its reads, a URL longer than [`MAX_URL`]) has
+    /// each occurrence of the real username as written replaced by the public one (one linear
+    /// search), so a provider's twelfth URL in one run does not name the user either.
     fn scan_form(&self, body: &str, escaped: bool, emit: &mut dyn FnMut(&str)) -> bool {
         let provider = OnceCell::new();
         self.scan(body, escaped, &provider, None, emit)
@@ -138,11 +141,40 @@ impl Rewriter<'_> {
                 Some(left) => left,
                 None => &mut own,
             };
-            if *left == 0 {
-                at = run_end;
+            let run = &body[start..run_end];
+            // A URL that is not read (the run's reads are used up, or it is longer than any real
+            // URL) still names no real user: each time the username is written in it (up to the
+            // run's end, or up to the next URL, which is looked at in turn), it becomes the
+            // public one, as a URL read would have it.
+            let unread = match (*left, run.len() > MAX_URL) {
+                (0, _) => Some(run_end),
+                (_, true) => {
+                    Some(next_scheme(&bytes[..run_end], after, escaped).map_or(run_end, |(s, _)| s))
+                }
+                _ => None,
+            };
+            if let Some(end) = unread {
+                let unread = &body[start..end];
+                #[cfg(test)]
+                tests::step(unread.len());
+                let needle = self.written_user(escaped);
+                let mut hits = memchr::memmem::find_iter(unread.as_bytes(), needle.as_bytes())
+                    .filter(|_| !needle.is_empty())
+                    .peekable();
+                if hits.peek().is_some() {
+                    emit(&body[from..start]);
+                    let mut last = 0;
+                    for hit in hits {
+                        emit(&unread[last..hit]);
+                        emit(self.public_user);
+                        last = hit + needle.len();
+                    }
+                    emit(&unread[last..]);
+                    (from, changed) = (end, true);
+                }
+                at = if *left == 0 { run_end } else { after };
                 continue;
             }
-            let run = &body[start..run_end];
             match self.rewrite_url(run, escaped, provider, left) {
                 Some(url) => {
                     emit(&body[from..start]);
@@ -203,6 +235,15 @@ impl Rewriter<'_> {
         })
     }
 
+    /// The real username as an answer's text writes it: as it is, with `/` as `\/` in the
+    /// JSON-escaped form.
+    fn written_user(&self, escaped: bool) -> Cow<'_, str> {
+        match escaped && self.real_user.contains('/') {
+            true => Cow::Owned(self.real_user.replace('/', "\\/")),
+            false => Cow::Borrowed(self.real_user),
+        }
+    }
+
     /// The provider's origin, parsed on first use (`None` when it is not a tuple origin).
     fn provider<'c>(&self, cell: &'c Provider) -> Option<&'c url::Origin> {
         cell.get_or_init(|| {
@@ -227,20 +268,37 @@ impl Rewriter<'_> {
     /// or at `\u0026`, as Go's JSON encoder writes it); the short `/{user}/{pw}/{id}` too, but
     /// away from the provider's origin only with a stream file (`123`, `123.ts`, not `123.png`)
     /// last, as the XC form has it.
-    fn rewrite_path_at(&self, path_query: &str, at_provider: &dyn Fn() -> bool) -> Option<String> {
+    fn rewrite_path_at<'p>(
+        &self,
+        path_query: &'p str,
+        at_provider: &dyn Fn() -> bool,
+    ) -> Option<String> {
         let (path, query) = match path_query.split_once('?') {
             Some((p, q)) => (p, Some(q)),
             None => (path_query, None),
         };
         let is_user = |seg: &str| decode_segment(seg) == self.real_user;
-        let segs: Vec<&str> = path.strip_prefix('/').unwrap_or(path).split('/').collect();
+        let split = |path: &'p str| -> Vec<&'p str> {
+            path.strip_prefix('/').unwrap_or(path).split('/').collect()
+        };
+        let short = |segs: &[&str]| match segs {
+            [user, _, id] => is_user(user) && (is_stream_file(id) || at_provider()),
+            _ => false,
+        };
+        let segs = split(path);
         let user_at = match segs.as_slice() {
             _ if !path.starts_with('/') => None,
             ["live" | "movie" | "series" | "timeshift", user, _, _, ..] if is_user(user) => Some(1),
             ["hlsr", _, user, _, _, ..] if is_user(user) => Some(2),
-            [user, _, id] if is_user(user) && (is_stream_file(id) || at_provider()) => Some(0),
+            segs if short(segs) => Some(0),
             _ => None,
         };
+        // A short form followed by more of its run (`/{user}/{pw}/1.ts,http://...`, URLs joined
+        // by `,`, `|` or a JSON escape such as `\n`) ends there.
+        let user_at = user_at.or_else(|| {
+            let cut = path.find([',', '|', '\\'])?;
+            (path.starts_with('/') && short(&split(&path[..cut]))).then_some(0)
+        });
         if let Some(i) = user_at {
             let mut segs: Vec<String> = segs.iter().map(|s| s.to_string()).collect();
             segs[i] = self.public_user.to_string();
@@ -256,13 +314,25 @@ impl Rewriter<'_> {
         let mut out = format!("{path}?");
         let mut found = false;
         for (pair, sep) in query_pairs(query) {
-            match pair.split_once('=') {
-                Some((key, v)) if decode(key) == "username" && decode(v) == self.real_user => {
+            // A value followed by more of its run (`username={user},http://...`) ends there too.
+            let user_end = |v: &str| match decode(v) == self.real_user {
+                true => Some(v.len()),
+                false => v
+                    .find([',', '|', '\\'])
+                    .filter(|&cut| decode(&v[..cut]) == self.real_user),
+            };
+            let rest = pair
+                .split_once('=')
+                .filter(|(key, _)| decode(key) == "username")
+                .and_then(|(_, v)| Some(&v[user_end(v)?..]));
+            match rest {
+                Some(rest) => {
                     found = true;
                     out.push_str("username=");
                     out.push_str(&encode(self.public_user));
+                    out.push_str(rest);
                 }
-                _ => out.push_str(pair),
+                None => out.push_str(pair),
             }
             out.push_str(sep);
         }
@@ -762,6 +832,84 @@ mod tests {
         ] {
             let text = format!("x {kept} y");
             assert_eq!(R.rewrite_text(&text), text, "{kept}");
+        }
+    }
+
+    /// Past its [`MAX_URLS_PER_RUN`] reads, the rest of a run (URLs joined by `,`, `|` or a JSON
+    /// `\n`) is not read as URLs, but the real username in it still becomes the public one; so
+    /// does one in a URL longer than any real one. Both forms.
+    #[test]
+    fn the_username_past_a_runs_reads_is_replaced() {
+        let pad = "a".repeat(MAX_URL);
+        for sep in [",", "|", r"\n"] {
+            let mut urls: Vec<String> = (1..12)
+                .map(|i| format!("http://cdn.example/logo/{i}.png"))
+                .collect();
+            urls.push("http://xc.example:8080/live/alice/pw/12.ts".into());
+            let long = format!(
+                "http://xc.example:8080/live/alice/pw/1.ts{sep}http://cdn.example/?p={pad}"
+            );
+            for run in [urls.join(sep), long] {
+                let escaped = run.replace('/', "\\/");
+                for text in [
+                    format!("#EXTINF:-1,A\n{run}\n"),
+                    format!(r#"{{"u":"{escaped}"}}"#),
+                ] {
+                    let out = R.rewrite_text(&text);
+                    assert!(
+                        !out.contains("alice"),
+                        "{sep}: {}",
+                        &out[..out.len().min(400)]
+                    );
+                    assert!(out.replace("\\/", "/").contains("/live/TOK/pw/"), "{sep}");
+                }
+            }
+        }
+        let twelve = (1..12)
+            .map(|i| format!("http://cdn.example/logo/{i}.png"))
+            .chain(["http://cdn.example/get.php?username=alice&password=pw".to_string()])
+            .collect::<Vec<_>>()
+            .join(",");
+        let out = R.rewrite_text(&format!("{twelve}\n"));
+        assert!(
+            out.ends_with(",http://cdn.example/get.php?username=TOK&password=pw\n"),
+            "{out}"
+        );
+    }
+
+    /// A short-form URL followed by more of its run ends at `,`, `|` or a backslash (a JSON
+    /// `\n` between URLs), as does a `username=` value: both are rewritten, and the URLs after
+    /// them too.
+    #[test]
+    fn a_short_form_followed_by_more_of_its_run_is_rewritten() {
+        for sep in [",", "|", r"\n"] {
+            for (url, want) in [
+                (
+                    "http://xc.example:8080/alice/pw/1.ts",
+                    "https://proxy.example/TOK/pw/1.ts",
+                ),
+                (
+                    "http://cdn.example/alice/pw/7",
+                    "https://proxy.example/TOK/pw/7",
+                ),
+                (
+                    "http://cdn.example/get.php?password=pw&username=alice",
+                    "https://proxy.example/get.php?password=pw&username=TOK",
+                ),
+            ] {
+                let next = "http://cdn.example/live/alice/pw/2.ts";
+                let next_want = "https://proxy.example/live/TOK/pw/2.ts";
+                let (text, want) = (
+                    format!("{url}{sep}{next}"),
+                    format!("{want}{sep}{next_want}"),
+                );
+                assert_eq!(R.rewrite_text(&format!("{text}\n")), format!("{want}\n"));
+                let (text, want) = (text.replace('/', "\\/"), want.replace('/', "\\/"));
+                assert_eq!(
+                    R.rewrite_text(&format!(r#"{{"u":"{text}"}}"#)),
+                    format!(r#"{{"u":"{want}"}}"#)
+                );
+            }
         }
     }
 

@@ -376,6 +376,8 @@ impl Xtream {
 /// The account a sealed XC username grants, opened under `gate` for `client` (its expiry and
 /// address binding checked) and scoped to XC alone. A refusal carries the gate's reason when the
 /// gate refused it, `None` when it opened to something that is not an XC username's grant.
+/// The server comes back in its one spelling ([`xtream::canonical_server`]), also from a token
+/// sealed before logins wrote it so: every spelling of one account counts as one.
 pub(crate) fn open_user(
     gate: &token::TokenGate,
     raw: &str,
@@ -394,7 +396,7 @@ pub(crate) fn open_user(
     };
     match (param(SERVER_PARAM), param(USER_PARAM)) {
         (Some(server), Some(user)) => Ok(Resolved {
-            server,
+            server: xtream::canonical_server(&server).unwrap_or(server),
             user,
             limit: Some(opened.scope),
         }),
