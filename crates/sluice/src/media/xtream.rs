@@ -356,7 +356,12 @@ impl Xtream {
         let origin = public_origin(ctx);
         let location = match &self.keys.tokens() {
             Some(gate) => {
-                let t = gate.mint(&params, &["/proxy/hls/"], limit, true, token::now());
+                // Scoped to the manifest endpoint alone (`segment.ts` under it would hand back
+                // the provider's playlist as written, real account and host included), and
+                // reused for the client's network, so asking again makes no new spelling (and
+                // no new share of `max_requests_per_token`).
+                let scope = token::exact_scope("/proxy/hls/manifest.m3u8");
+                let t = gate.mint_child(&params, &[&scope], limit, ctx.client_ip, token::now());
                 format!("{origin}/_token_{t}/proxy/hls/manifest.m3u8")
             }
             None => format!(
@@ -460,6 +465,10 @@ async fn collect(
         )),
     }
 }
+
+/// The slowest a client may take an XC answer, in bytes a second over each period of
+/// `upstream.whole_body_timeout_secs` (128 kbit/s: a 40 MB list in 40 minutes).
+const MIN_SEND_RATE: usize = 16 * 1024;
 
 /// An API answer as collected, with the capacity of the buffer it is in.
 struct Answer {
@@ -943,19 +952,39 @@ impl Budgeted {
         }
     }
 
-    /// Cuts the send if it has not ended `within` from now (`upstream.whole_body_timeout_secs`,
-    /// the bound its read had): a client reading a large answer a byte at a time would otherwise
-    /// hold its share for as long as it liked. The timer holds nothing of the answer alive.
+    /// Cuts the send once a period of `within` (`upstream.whole_body_timeout_secs`, the bound
+    /// its read had) passes in which the client took less than [`MIN_SEND_RATE`] of it (or less
+    /// than all that was left): a client reading a large answer a byte at a time would otherwise
+    /// hold its share for as long as it liked, while a 40 MB stream list to a box on weak Wi-Fi
+    /// (2.7 Mbit/s: 120 s for the whole) must not be cut, as a deadline on the whole send did.
+    /// The timer holds nothing of the answer alive.
     fn arm(&mut self, within: std::time::Duration) {
         let state = Arc::downgrade(&self.state);
+        let floor = (within.as_secs() as usize)
+            .max(1)
+            .saturating_mul(MIN_SEND_RATE);
         let timer = tokio::spawn(async move {
-            tokio::time::sleep(within).await;
-            if let Some(state) = state.upgrade() {
+            let left = |state: &Mutex<Sending>| match &*lock(state) {
+                Sending::Rest { rest, .. } => Some(rest.len()),
+                _ => None,
+            };
+            let Some(mut before) = state.upgrade().and_then(|s| left(&s)) else {
+                return;
+            };
+            loop {
+                tokio::time::sleep(within).await;
+                let Some(state) = state.upgrade() else { return };
                 let mut state = lock(&state);
-                if matches!(*state, Sending::Rest { .. }) {
-                    tracing::debug!("an XC answer was not taken within its send deadline");
+                let now = match &*state {
+                    Sending::Rest { rest, .. } => rest.len(),
+                    _ => return,
+                };
+                if before - now < floor.min(before) {
+                    tracing::debug!("an XC answer was not taken at the least rate");
                     *state = Sending::Cut;
+                    return;
                 }
+                before = now;
             }
         });
         self.timer = Some(timer.abort_handle());
@@ -1002,7 +1031,7 @@ impl http_body::Body for Budgeted {
             Sending::Cut => {
                 return Poll::Ready(Some(Err(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    "the XC answer was not taken within upstream.whole_body_timeout_secs",
+                    "the XC answer was taken slower than 16 KiB/s over upstream.whole_body_timeout_secs",
                 ))))
             }
         };
@@ -1507,6 +1536,21 @@ mod tests {
         assert_eq!(budget.kib.available_permits(), 16);
         tokio::time::sleep(within * 2).await;
         assert_eq!(budget.kib.available_permits(), 16);
+        // A slow client that keeps taking it (a slice every 2 s: 32 KiB/s, over the 16 KiB/s
+        // floor) is not cut however long the whole takes (here 256 s, past `within`); a
+        // deadline on the whole send cut a 40 MB list to a box on weak Wi-Fi.
+        let mut held = Held::new(&budget, A);
+        held.reserve(8 * 1024).unwrap();
+        let long = Bytes::from(vec![2u8; 128 * SLICE]);
+        let mut body = Budgeted::new(long.clone(), held);
+        body.arm(within);
+        let mut body = Box::pin(body);
+        let mut got = Vec::new();
+        while let Some(frame) = body.frame().await {
+            got.extend_from_slice(&frame.expect("not cut").into_data().unwrap());
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        }
+        assert!(got == long[..], "every byte");
     }
 
     /// The budget and a client's share in KiB are rounded up as each answer's charge is: an
