@@ -1903,9 +1903,10 @@ async fn rtsp_starts_are_bounded_per_client_in_rate() {
 /// resolve. Each request took a start from its client's bucket when its hub was made, though
 /// its session never reached a server (a multicast join that fails before sending anything
 /// takes none), so past the burst (8) the household's retries, and its next real channel,
-/// were 429. A setup that never connected gives its start back: 24 such failures are each
-/// the same 502. A setup that connected (a server that closes at once) still spends its
-/// start: past the burst it is refused.
+/// were 429. A setup that never connected gives its start back: 12 such failures (past the
+/// burst, within what the refund bucket and the start bucket cover together) are each the
+/// same 502. A setup that connected (a server that closes at once) still spends its start:
+/// past the burst it is refused.
 #[tokio::test]
 async fn setups_that_reach_no_server_spend_no_start() {
     let refused = {
@@ -1923,7 +1924,7 @@ async fn setups_that_reach_no_server_spend_no_start() {
     cfg.max_subscribers_per_client = 2;
     let gw = Gateway::start(cfg).await;
     let mut statuses = Vec::new();
-    for i in 0..24 {
+    for i in 0..12 {
         // `.invalid` names fail in the resolver itself (RFC 6761): no query leaves the machine.
         let path = match i % 2 {
             0 => format!("/rtsp/127.0.0.1:{refused}/dead{i}"),
@@ -1952,6 +1953,97 @@ async fn setups_that_reach_no_server_spend_no_start() {
     }
     assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
     assert!(statuses.len() > 8, "refused within the burst: {statuses:?}");
+}
+
+/// Attack: setups that reach no server gave their start back at any rate, so a client asking
+/// for `/rtsp/` paths on a port that refuses (a reset in one round trip) was never refused:
+/// each request a connection attempt to an address and port of its choosing (a free port
+/// scanner), each a failure kept a minute. Starts are given back from a second bucket of the
+/// start bucket's size and rate: 8 given back, then the start bucket's 8 spent, then 429
+/// (Retry-After) before the 40th quick request, and the server's port saw no more attempts.
+#[tokio::test]
+async fn setups_that_reach_no_server_are_given_back_only_at_the_start_rate() {
+    let refused = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut cfg = rtsp_config();
+    cfg.max_subscribers_per_client = 2;
+    let gw = Gateway::start(cfg).await;
+    let mut statuses = Vec::new();
+    let mut refused_at = None;
+    for i in 0..40 {
+        let path = format!("/rtsp/127.0.0.1:{refused}/scan{i}");
+        let resp = get_from_ip(&gw, "127.0.0.3", &path).await;
+        statuses.push(resp.status().as_u16());
+        if resp.status() == 429 {
+            refused_at = Some((i, resp));
+            break;
+        }
+        assert_eq!(resp.status(), 502, "request {i}: {statuses:?}");
+    }
+    let (i, resp) = refused_at.unwrap_or_else(|| panic!("never refused: {} x 502", statuses.len()));
+    // The refund bucket's 8, then the start bucket's 8: refills only add to them.
+    assert!(
+        i >= 16,
+        "refused before both buckets were spent: {statuses:?}"
+    );
+    assert!(resp.headers().contains_key("retry-after"));
+    let body = body_text(resp).await;
+    assert!(
+        body.contains("this client is starting new channels too fast"),
+        "{body}"
+    );
+}
+
+/// Attack: an `/rtsp/` name that resolves to an address the address guard refuses is a 403
+/// after the guard's lookup of it, and the refusal spent nothing: a client had the gateway
+/// resolve names of its choosing (random names under someone's domain: a DNS flood through
+/// the operator's resolver) at any rate. A guard refusal now spends a start (taken before the
+/// lookup, so requests at once cannot all pass on one start left): past the burst (8), the
+/// 429 of the start rate, with no lookup. `localhost` is a name the resolver answers with
+/// loopback, which the guard as deployed refuses.
+#[tokio::test]
+async fn guard_refusals_spend_a_start() {
+    let mut cfg = rtsp_config();
+    cfg.max_subscribers_per_client = 2;
+    let mut registry = prometheus_client::registry::Registry::default();
+    // The guard as deployed: private addresses refused.
+    let upstream =
+        sluice::upstream::Upstream::new(&sluice::config::UpstreamConfig::default(), &mut registry)
+            .unwrap();
+    let iptv = sluice::iptv::Iptv::new(cfg, upstream, &mut registry).unwrap();
+    let gw = Gateway::serve(iptv).await;
+    let peer = "192.0.2.9:40000";
+    let wait = Duration::from_secs(10);
+    let mut statuses = Vec::new();
+    let mut refused = None;
+    for i in 0..40 {
+        let path = format!("/rtsp/localhost:554/probe{i}");
+        let resp = rtsp_as(&gw, peer, &path, wait).await.expect("an answer");
+        statuses.push(resp.status().as_u16());
+        match resp.status().as_u16() {
+            403 => continue,
+            429 => {
+                refused = Some((i, resp));
+                break;
+            }
+            other => panic!("request {i}: {other}: {statuses:?}"),
+        }
+    }
+    let (i, resp) = refused.unwrap_or_else(|| panic!("never refused: {} x 403", statuses.len()));
+    assert!(i >= 8, "refused within the burst: {statuses:?}");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("this client is starting new channels too fast"),
+        "{body}"
+    );
+    // Another client is still told by the guard.
+    let resp = rtsp_as(&gw, "192.0.2.10:40000", "/rtsp/localhost:554/probe", wait)
+        .await
+        .expect("an answer");
+    assert_eq!(resp.status(), 403);
 }
 
 /// The address guard's check of an `/rtsp/` server resolves the name the client chose, and it

@@ -15,6 +15,10 @@
 //! channel's start (a session set up on its server, and torn down) is bounded the same way.
 //! A start that fails before reaching the network spends none: a multicast join that sent
 //! nothing (`sent`), an RTSP session that never connected to a server (`remove_unreached`).
+//! Those given back come from a second bucket of the same size and rate (`refunds`): a dead
+//! channel retried costs nothing, but a client whose setups all fail at once (a port that
+//! refuses, a name that does not resolve) starts at most twice the normal rate, each start a
+//! connection or a lookup of the client's choosing.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -137,6 +141,13 @@ pub struct Registry {
     /// start it was: given back by `remove_unreached` when the session never reached a server.
     /// Entries are made and leave (`unlink`) under the table lock.
     rtsp_starts: Mutex<HashMap<usize, IpAddr>>,
+    /// Starts each client address may still be given back (`give_back_unreached`): a bucket
+    /// of the start bucket's size and rate (full buckets are forgotten). Without it, a setup
+    /// that failed before connecting cost nothing, at any rate: a client had the gateway try
+    /// connections to addresses and ports of its choosing (a port scanner), or resolve names
+    /// of its choosing (a DNS flood through the operator's resolver), as fast as they failed
+    /// (~800 a second from 8 requests at once refused in ~10 ms), each failure kept a minute.
+    refunds: Mutex<HashMap<IpAddr, Starts>>,
     next_id: AtomicU64,
     pub metrics: Metrics,
     pub settings: HubSettings,
@@ -151,6 +162,7 @@ impl Registry {
             clients: Mutex::new(HashMap::new()),
             starts: Mutex::new(HashMap::new()),
             rtsp_starts: Mutex::new(HashMap::new()),
+            refunds: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             metrics,
             settings,
@@ -269,17 +281,36 @@ impl Registry {
         Ok(starts)
     }
 
-    /// What `subscribe` would refuse `key` for now, before it starts anything, spending
-    /// nothing: for work a start needs before it subscribes (an RTSP server's name resolved
-    /// for the address guard), which a request the client's bounds refuse must not cause.
-    pub fn precheck(
+    /// What `subscribe` would refuse `key` for now, before it starts anything, and, when the
+    /// request would start `key`, its client's start taken at once (the client returned): for
+    /// work a start needs before it subscribes (an RTSP server's name resolved for the address
+    /// guard), which a request the client's bounds refuse must not cause. The start stays
+    /// spent when that work refuses the request (`guard_refusal`'s 403: before, a refusal
+    /// spent nothing, so a client had names of its choosing resolved at any rate); otherwise
+    /// it is handed back (`return_start`) for `subscribe` to check and spend again. Taken
+    /// before the work rather than after, so requests in flight at once cannot all pass on
+    /// one start left.
+    pub fn reserve_start(
         &self,
         key: &HubKey,
         peer: Option<std::net::SocketAddr>,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Option<IpAddr>, Refusal> {
         let table = self.table();
-        self.check_limits(&table, key, peer.map(|p| client_of(p.ip())))
-            .map(|_| ())
+        let client = peer.map(|p| client_of(p.ip()));
+        let starts = self.check_limits(&table, key, client)?;
+        match client {
+            Some(client) if starts && self.start_bucket().is_some() => {
+                self.spend_start(client, Instant::now());
+                Ok(Some(client))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Hands back the start `reserve_start` took from `client`, once the work it was taken for
+    /// let the request through.
+    pub fn return_start(&self, client: IpAddr) {
+        self.give_back_start(client, Instant::now());
     }
 
     /// Refuses a client that watches its whole share already (nothing to release for it).
@@ -330,17 +361,7 @@ impl Registry {
             return;
         };
         let mut starts = lock(&self.starts);
-        if starts.len() >= STARTS_KEPT {
-            // Full buckets are no bucket: forget them (a bucket is full again one window
-            // after its client's last start, so only recent starters are kept).
-            starts.retain(|_, b| b.at(now, capacity, per_window).milli < capacity * 1000);
-        }
-        let full = Starts {
-            milli: capacity * 1000,
-            at: now,
-        };
-        let bucket = starts.entry(client).or_insert(full);
-        *bucket = bucket.at(now, capacity, per_window);
+        let bucket = bucket_of(&mut starts, client, now, capacity, per_window);
         bucket.milli = bucket.milli.saturating_sub(1000);
     }
 
@@ -353,6 +374,34 @@ impl Registry {
             *bucket = bucket.at(now, capacity, per_window);
             bucket.milli = bucket.milli.saturating_add(1000).min(capacity * 1000);
         }
+    }
+
+    /// Gives `client` back one start of a setup that reached no server, if its refund bucket
+    /// (`refunds`) has one whole: a player retrying a dead channel every few seconds never
+    /// empties it, a client failing setups as fast as it can starts at most twice its rate.
+    /// True if given back; a start bucket already full (or forgotten: full) takes no refund.
+    fn give_back_unreached(&self, client: IpAddr, now: Instant) -> bool {
+        let Some((capacity, per_window)) = self.start_bucket() else {
+            return false;
+        };
+        let mut starts = lock(&self.starts);
+        let Some(bucket) = starts.get_mut(&client) else {
+            return false;
+        };
+        *bucket = bucket.at(now, capacity, per_window);
+        if bucket.milli >= capacity * 1000 {
+            return false;
+        }
+        {
+            let mut refunds = lock(&self.refunds);
+            let refund = bucket_of(&mut refunds, client, now, capacity, per_window);
+            if refund.milli < 1000 {
+                return false;
+            }
+            refund.milli -= 1000;
+        }
+        bucket.milli = bucket.milli.saturating_add(1000).min(capacity * 1000);
+        true
     }
 
     /// Frees a place in `client`'s share for the channel `key`, or refuses. Its unwatched
@@ -448,11 +497,15 @@ impl Registry {
     /// failed before sending anything spends none (`sent`): before, a player retrying a dead
     /// `/rtsp/` channel drained its client's bucket, and the household's next channel was a
     /// 429. Given back before the hub is closed, so the viewer told of the failure finds it
-    /// back. A hub released before (`make_room`) gives nothing back: `unlink` forgot it.
+    /// back. A hub released before (`make_room`) gives nothing back: `unlink` forgot it. Given
+    /// back only while the client's refund bucket lasts (`give_back_unreached`).
     pub fn remove_unreached(&self, hub: &Arc<Hub>) {
         let mut table = self.table();
-        if let Some(client) = lock(&self.rtsp_starts).remove(&hub_addr(hub)) {
-            self.give_back_start(client, Instant::now());
+        let spent = lock(&self.rtsp_starts).remove(&hub_addr(hub));
+        if let Some(client) = spent {
+            if !self.give_back_unreached(client, Instant::now()) {
+                tracing::debug!(%client, "RTSP setup reached no server: start not given back");
+            }
         }
         self.unlink(&mut table, hub);
     }
@@ -489,6 +542,29 @@ impl Registry {
     pub fn total(&self) -> usize {
         self.total.load(Ordering::Acquire)
     }
+}
+
+/// `client`'s bucket in `buckets` (`Registry::starts`, `Registry::refunds`) refilled to `now`,
+/// made full if it had none. Past `STARTS_KEPT` buckets, full ones are forgotten first: a full
+/// bucket is no bucket (one is full again a window after its client's last take, so only
+/// recent takers are kept).
+fn bucket_of(
+    buckets: &mut HashMap<IpAddr, Starts>,
+    client: IpAddr,
+    now: Instant,
+    capacity: u64,
+    per_window: u64,
+) -> &mut Starts {
+    if buckets.len() >= STARTS_KEPT {
+        buckets.retain(|_, b| b.at(now, capacity, per_window).milli < capacity * 1000);
+    }
+    let full = Starts {
+        milli: capacity * 1000,
+        at: now,
+    };
+    let bucket = buckets.entry(client).or_insert(full);
+    *bucket = bucket.at(now, capacity, per_window);
+    bucket
 }
 
 /// A hub's key in `Registry::rtsp_starts`: its address, unique while it is in the table.

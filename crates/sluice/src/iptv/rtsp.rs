@@ -170,6 +170,13 @@ pub struct Context {
 /// `setup_timeout_ms + no_data_timeout_ms` after it, and ask as soon as they wake).
 const FAILURE_KEPT: Duration = Duration::from_secs(60);
 
+/// Failures kept at most, whatever their age: past it the oldest leaves. Failures come at the
+/// rate clients start setups that fail, which their start rates bound only per client, so a
+/// minute of them had no bound (each a map entry and a queue entry). A failure is read by
+/// its viewers as soon as they wake, just after it is recorded, so only a burst of 4,096
+/// others in between could turn a viewer's `502` into the `504` of no data.
+const FAILURES_MAX: usize = 4096;
+
 /// Hubs whose session failed: each by its address and creation time (which tells it apart from
 /// a later hub at the same address), and the same in the order they failed, so that those
 /// older than `FAILURE_KEPT` leave from the front. Before, each failure looked over every
@@ -187,24 +194,32 @@ struct Failures {
 
 impl Failures {
     /// Records the failure at `now` of the hub `id` created at `created`, after dropping the
-    /// failures older than `FAILURE_KEPT`: only those, and the first one kept, are looked at.
+    /// failures older than `FAILURE_KEPT`, and the oldest past `FAILURES_MAX`: only those,
+    /// and the first one kept, are looked at.
     fn record(&mut self, id: usize, created: tokio::time::Instant, now: tokio::time::Instant) {
-        while let Some(&(failed, old, old_created)) = self.order.front() {
+        while let Some(&(failed, _, _)) = self.order.front() {
             #[cfg(test)]
             {
                 self.looked_at += 1;
             }
-            if now.saturating_duration_since(failed) < FAILURE_KEPT {
+            let full = self.order.len() >= FAILURES_MAX;
+            if !full && now.saturating_duration_since(failed) < FAILURE_KEPT {
                 break;
             }
-            self.order.pop_front();
+            self.drop_oldest();
+        }
+        self.by_hub.insert(id, created);
+        self.order.push_back((now, id, created));
+    }
+
+    /// Drops the oldest failure, and its hub's entry unless a later failure replaced it.
+    fn drop_oldest(&mut self) {
+        if let Some((_, old, old_created)) = self.order.pop_front() {
             // A later hub at the same address may have failed since: its entry stays.
             if self.by_hub.get(&old) == Some(&old_created) {
                 self.by_hub.remove(&old);
             }
         }
-        self.by_hub.insert(id, created);
-        self.order.push_back((now, id, created));
     }
 
     /// Whether the hub `id` created at `created` failed (in the last `FAILURE_KEPT`, or since).
@@ -440,14 +455,21 @@ impl Iptv {
             return super::stream_response(body::empty());
         }
         let peer = req.extensions.get::<std::net::SocketAddr>().copied();
-        // The client's own bounds (its share, its start rate) first, spending nothing: a
-        // request they refuse must not make the gateway resolve a name the client chose, as
-        // the guard's check below does. Checked again (and spent) by `subscribe`.
-        if let Err(refusal) = self.registry.precheck(&key, peer) {
-            return self.refused(refusal);
-        }
+        // The client's own bounds (its share, its start rate) first: a request they refuse
+        // must not make the gateway resolve a name the client chose, as the guard's check
+        // below does. A new channel's start is taken now and kept when the guard refuses: the
+        // lookup was made, and before, a refusal cost nothing (a client had names of its
+        // choosing resolved at any rate). Let through, it is handed back, for `subscribe` to
+        // check and spend again. A request dropped during the lookup keeps it spent too.
+        let reserved = match self.registry.reserve_start(&key, peer) {
+            Ok(reserved) => reserved,
+            Err(refusal) => return self.refused(refusal),
+        };
         if let Some(refused) = self.guard_refusal(&key).await {
             return refused;
+        }
+        if let Some(client) = reserved {
+            self.registry.return_start(client);
         }
         let sub = match self.registry.subscribe(key, None, peer) {
             Ok(sub) => sub,
@@ -549,21 +571,21 @@ mod tests {
         assert_eq!(key(&path, 3).label(), format!("{label} (catch-up #3)"));
     }
 
-    /// Failures at a steady rate, 100 a second for 100 s: each looks at the one failure at
-    /// the front it keeps (and those it drops), never the whole minute's. Before, each looked
-    /// over every failure kept (up to 6,000 here): 42 million looks for these 10,000.
-    /// The list holds the last minute's failures, and a later hub at a reused address keeps
-    /// its own failure when the earlier one's leaves.
+    /// Failures at a steady rate, 50 a second for 200 s (under `FAILURES_MAX` a minute): each
+    /// looks at the one failure at the front it keeps (and those it drops), never the whole
+    /// minute's. Before, each looked over every failure kept (up to 3,000 here): tens of
+    /// millions of looks for these 10,000. The list holds the last minute's failures, and a
+    /// later hub at a reused address keeps its own failure when the earlier one's leaves.
     #[test]
     fn failures_are_dropped_from_the_front_in_linear_work() {
         let start = tokio::time::Instant::now();
-        let step = Duration::from_millis(10);
+        let step = Duration::from_millis(20);
         let mut failures = Failures::default();
         let n = 10_000u32;
         for i in 0..n {
             failures.record(i as usize, start, start + step * i);
             assert!(
-                failures.order.len() <= 6_001,
+                failures.order.len() <= 3_001,
                 "{} kept",
                 failures.order.len()
             );
@@ -573,12 +595,12 @@ mod tests {
             "{} entries looked at for {n} failures",
             failures.looked_at
         );
-        assert_eq!(failures.order.len(), 6_000);
-        assert_eq!(failures.by_hub.len(), 6_000);
+        assert_eq!(failures.order.len(), 3_000);
+        assert_eq!(failures.by_hub.len(), 3_000);
         assert!(failures.failed(n as usize - 1, start));
-        assert!(failures.failed(n as usize - 6_000, start));
+        assert!(failures.failed(n as usize - 3_000, start));
         assert!(
-            !failures.failed(n as usize - 6_001, start),
+            !failures.failed(n as usize - 3_001, start),
             "older than a minute"
         );
         assert!(!failures.failed(0, start));
@@ -601,6 +623,53 @@ mod tests {
         assert!(failures.failed(8, second) && failures.failed(9, second));
         assert_eq!(failures.by_hub.len(), 2);
         assert_eq!(failures.order.len(), 2);
+    }
+
+    /// Failures faster than `FAILURES_MAX` a minute (a burst of 10,000 within a second, as
+    /// clients failing setups at once can make): at most `FAILURES_MAX` are kept, the oldest
+    /// leaving first, in linear work. Before, all 10,000 were kept for their minute. A hub's
+    /// entry leaves with its own failure only, never with an earlier hub's at its address.
+    #[test]
+    fn failures_are_capped_oldest_first() {
+        let start = tokio::time::Instant::now();
+        let mut failures = Failures::default();
+        let later = start + Duration::from_secs(1);
+        // The address 7 fails first, then again as a later hub after 4,095 others.
+        failures.record(7, start, start);
+        for i in 0..FAILURES_MAX - 1 {
+            failures.record(100_000 + i, start, start);
+        }
+        failures.record(7, later, later);
+        assert!(
+            failures.failed(7, later),
+            "the later hub's failure was dropped"
+        );
+        assert!(!failures.failed(7, start));
+        let n = 10_000usize;
+        for i in 0..n {
+            failures.record(i + 1_000, start, later);
+            assert!(
+                failures.order.len() <= FAILURES_MAX,
+                "{} kept at failure {i}",
+                failures.order.len()
+            );
+            assert!(failures.by_hub.len() <= failures.order.len());
+            if i == FAILURES_MAX - 2 {
+                // The later hub's failure is the oldest kept now, and the next one drops it.
+                assert!(failures.failed(7, later));
+            }
+        }
+        assert!(!failures.failed(7, later), "kept past the bound");
+        assert_eq!(failures.order.len(), FAILURES_MAX);
+        assert_eq!(failures.by_hub.len(), FAILURES_MAX);
+        assert!(failures.failed(n - 1 + 1_000, start));
+        assert!(failures.failed(n - FAILURES_MAX + 1_000, start));
+        assert!(!failures.failed(n - FAILURES_MAX - 1 + 1_000, start));
+        assert!(
+            failures.looked_at <= 2 * (n + FAILURES_MAX) as u64,
+            "{} entries looked at",
+            failures.looked_at
+        );
     }
 
     #[test]
