@@ -868,6 +868,33 @@ async fn hls_errors_under_the_redirect_token_do_not_name_the_provider() {
         .any(|q| q.contains("99999999.m3u8")));
 }
 
+/// The token an `.m3u8` stream is redirected under opens the HLS manifest endpoint alone: under
+/// it `/proxy/hls/segment.ts` (which hands back its `d` as the provider wrote it: a playlist
+/// naming the real account) is refused. Asked again from the same network it is the same token
+/// (one spelling, one share of `max_requests_per_token`); from another network another.
+#[tokio::test]
+async fn the_hls_redirect_token_opens_the_manifest_alone_and_is_reused() {
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    c.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    let s = Sluice::start(c).await;
+    let token = login(&p, &s).await;
+    let path = format!("/live/{token}/{XC_PASS}/99999999.m3u8");
+    let location = |r: &support::Reply| {
+        assert_eq!(r.status, StatusCode::FOUND);
+        r.headers["location"].to_str().unwrap().to_string()
+    };
+    let first = location(&get(&s.url(&path)).await);
+    assert_eq!(location(&get(&s.url(&path)).await), first, "a new spelling");
+    let elsewhere =
+        location(&request("GET", &s.url(&path), &[("x-forwarded-for", "10.9.0.1")]).await);
+    assert_ne!(elsewhere, first, "another network, another token");
+    let (base, query) = first.split_once("/proxy/hls/manifest.m3u8").unwrap();
+    let r = get(&format!("{base}/proxy/hls/segment.ts{query}")).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", text(&r));
+}
+
 /// A login answer is parsed as JSON only up to 1 MiB (a real one is about 2 KB): a provider
 /// answering 2 MiB of `[0,0,...]` gets a 502 that names no host, and the next login works.
 #[tokio::test]
