@@ -158,8 +158,20 @@ impl Rewriter<'_> {
                 #[cfg(test)]
                 tests::step(unread.len());
                 let needle = self.written_user(escaped);
-                let mut hits = memchr::memmem::find_iter(unread.as_bytes(), needle.as_bytes())
-                    .filter(|_| !needle.is_empty())
+                // Only where a URL would carry it, a path segment or a query value (`/alice/`,
+                // `=alice&`): a short username (`tv`) elsewhere in the text is left as it is.
+                let u = unread.as_bytes();
+                let whole = |hit: usize| {
+                    let before = hit.checked_sub(1).map(|i| u[i]);
+                    let after = u.get(hit + needle.len()).copied();
+                    matches!(before, Some(b'/' | b'='))
+                        && matches!(
+                            after,
+                            None | Some(b'/' | b'&' | b',' | b'|' | b'\\' | b'?' | b'#')
+                        )
+                };
+                let mut hits = memchr::memmem::find_iter(u, needle.as_bytes())
+                    .filter(|&hit| !needle.is_empty() && whole(hit))
                     .peekable();
                 if hits.peek().is_some() {
                     emit(&body[from..start]);
@@ -875,6 +887,14 @@ mod tests {
             out.ends_with(",http://cdn.example/get.php?username=TOK&password=pw\n"),
             "{out}"
         );
+        // Only where a URL carries it: the name inside another word is left as written.
+        let other = (1..13)
+            .map(|i| format!("http://cdn.example/logo/{i}.png"))
+            .chain(["http://cdn.example/img/alicescope.png?x=malice".to_string()])
+            .collect::<Vec<_>>()
+            .join(",");
+        let out = R.rewrite_text(&format!("{other}\n"));
+        assert!(out.ends_with("/img/alicescope.png?x=malice\n"), "{out}");
     }
 
     /// A short-form URL followed by more of its run ends at `,`, `|` or a backslash (a JSON
