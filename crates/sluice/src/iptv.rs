@@ -476,12 +476,21 @@ impl Iptv {
                 "no playlist configured (iptv.playlist)\n",
             );
         };
+        /// At most one `playlist unavailable` warning a minute; the next says how many were not.
+        static PLAYLIST_WARNINGS: crate::logging::WarnLimit =
+            crate::logging::WarnLimit::new(60_000);
         let text_in = match playlist.get().await {
             Ok(t) => t,
             Err(e) => {
                 // The reason names the playlist's location (a server path, a provider URL);
-                // operators read it in the log, clients get no hint of it.
-                tracing::warn!(error = %e, "playlist unavailable");
+                // operators read it in the log, clients get no hint of it. Every request while
+                // the provider is down gets it, so the warning is one a minute.
+                match PLAYLIST_WARNINGS.allow_now() {
+                    Some(suppressed) => {
+                        tracing::warn!(error = %e, suppressed, "playlist unavailable")
+                    }
+                    None => tracing::debug!(error = %e, "playlist unavailable"),
+                }
                 return text(StatusCode::BAD_GATEWAY, "playlist unavailable\n");
             }
         };

@@ -405,3 +405,110 @@ async fn slow_plain_guide_readers_hold_no_copy_each() {
         assert_eq!(Sha256::digest(&body), want, "the guide, byte for byte");
     }
 }
+
+/// A playlist provider that can go down (answers 503) and counts the fetches it gets.
+#[derive(Default)]
+struct Provider {
+    down: bool,
+    fetches: usize,
+}
+
+async fn provider(state: Arc<Mutex<Provider>>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let state = state.clone();
+            let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                let state = state.clone();
+                async move {
+                    let mut s = state.lock().unwrap();
+                    s.fetches += 1;
+                    let mut resp = Response::new(Full::new(Bytes::from_static(
+                        b"#EXTM3U\n#EXTINF:-1,A\nrtp://239.71.9.2:5000\n",
+                    )));
+                    if s.down {
+                        *resp.status_mut() = hyper::StatusCode::SERVICE_UNAVAILABLE;
+                        *resp.body_mut() = Full::new(Bytes::from_static(b"down"));
+                    }
+                    Ok::<_, Infallible>(resp)
+                }
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc),
+            );
+        }
+    });
+    addr
+}
+
+/// 20 requests for the playlist, 10 one after another and 10 at once: their statuses and bodies.
+async fn twenty_playlists(gw: SocketAddr) -> Vec<(u16, Vec<u8>)> {
+    let mut out = Vec::new();
+    for _ in 0..10 {
+        let (resp, body) = get_with(gw, "/playlist.m3u", &[]).await;
+        out.push((resp.status().as_u16(), body));
+    }
+    let together: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(get_with(gw, "/playlist.m3u", &[])))
+        .collect();
+    for request in together {
+        let (resp, body) = request.await.unwrap();
+        out.push((resp.status().as_u16(), body));
+    }
+    out
+}
+
+/// A playlist provider that is down from the start is not fetched by every request: the
+/// failure stands for a back-off. Before, each `/playlist.m3u` fetched again (in line behind
+/// the others, each up to the 15 s fetch bound) and logged a warning: 20 requests, 20 fetches.
+#[tokio::test]
+async fn a_failing_playlist_provider_is_not_fetched_by_every_request() {
+    let state = Arc::new(Mutex::new(Provider {
+        down: true,
+        ..Provider::default()
+    }));
+    let up = provider(state.clone()).await;
+    let mut cfg = config();
+    cfg.playlist = Some(format!("http://{up}/list.m3u"));
+    let gw = Gateway::start(cfg).await;
+    for (status, body) in twenty_playlists(gw.addr).await {
+        assert_eq!(status, 502);
+        assert_eq!(body, b"playlist unavailable\n");
+    }
+    // The guide's refresh loop reads the playlist too: at most its fetch and one more.
+    let fetches = state.lock().unwrap().fetches;
+    assert!(fetches <= 2, "{fetches} provider fetches for 20 requests");
+}
+
+/// While the provider is down, the previous copy is served, and the provider is not fetched by
+/// every request: the failure re-stamps the copy for a back-off, even with a refresh interval
+/// of 0 (fetch for every request). Before, each request fetched again: 20 requests, 20 fetches.
+#[tokio::test]
+async fn a_failing_playlist_provider_leaves_the_previous_copy_served() {
+    let state = Arc::new(Mutex::new(Provider::default()));
+    let up = provider(state.clone()).await;
+    let mut cfg = config();
+    cfg.playlist = Some(format!("http://{up}/list.m3u"));
+    cfg.playlist_refresh_secs = 0;
+    let gw = Gateway::start(cfg).await;
+    let (resp, first) = get_with(gw.addr, "/playlist.m3u", &[]).await;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        String::from_utf8_lossy(&first).contains("http://gw.test/rtp/239.71.9.2:5000"),
+        "{}",
+        String::from_utf8_lossy(&first)
+    );
+    {
+        let mut s = state.lock().unwrap();
+        s.down = true;
+        s.fetches = 0;
+    }
+    for (status, body) in twenty_playlists(gw.addr).await {
+        assert_eq!(status, 200);
+        assert_eq!(body, first, "the previous copy");
+    }
+    // At most the guide's refresh loop's fetch and one more.
+    let fetches = state.lock().unwrap().fetches;
+    assert!(fetches <= 2, "{fetches} provider fetches for 20 requests");
+}

@@ -252,13 +252,117 @@ fn source(location: &str) -> Result<Source, String> {
     Ok(Source::File(location.trim_start_matches("file://").into()))
 }
 
-/// The configured playlist, refreshed when older than the refresh interval. If a refresh fails
-/// the previous copy keeps being served (and the failure is logged).
+/// The configured playlist, refreshed when older than the refresh interval. A failed fetch is
+/// remembered: for a back-off after it, requests get the previous copy (or, with none, the
+/// failure) at once, without fetching again or waiting for a fetch.
 pub struct Playlist {
     location: String,
     refresh: Duration,
     upstream: Upstream,
-    cached: Mutex<Option<(Instant, Bytes)>>,
+    /// The copy, or the failure, and until when it stands. Held briefly, never across a fetch.
+    state: Arc<std::sync::Mutex<State>>,
+    /// Held across a fetch so concurrent requests share one.
+    fetching: Arc<Mutex<()>>,
+}
+
+/// First wait after a failed fetch before the next; it doubles with each failure in a row up to
+/// the refresh interval (never below this). Meanwhile requests get the previous copy, or the
+/// failure, at once: while a provider is down or drops packets, every request would otherwise
+/// fetch again (each up to [`FETCH_TIMEOUT`], in line behind the others), and log a warning.
+/// Short enough that a provider coming up a little after sluice is seen within seconds.
+const FIRST_BACKOFF: Duration = Duration::from_secs(10);
+
+/// At most one warning a minute about failed fetches; the next says how many were not.
+static FETCH_WARNINGS: crate::logging::WarnLimit = crate::logging::WarnLimit::new(60_000);
+
+#[derive(Default)]
+struct State {
+    copy: Option<Bytes>,
+    /// Until when the copy (fresh, or stale behind a failure) or the failure is the answer;
+    /// `None` before the first fetch.
+    until: Option<Instant>,
+    failure: Option<Failure>,
+    /// Fetches finished, so a request that waited for one takes its outcome.
+    fetches: u64,
+}
+
+/// The last fetch failed (and every one before it since the last success, `backoff` says).
+struct Failure {
+    error: String,
+    backoff: Duration,
+}
+
+impl State {
+    /// The copy if there is one (even stale), else the failure.
+    fn answer(&self) -> Option<Result<Bytes, String>> {
+        match (&self.copy, &self.failure) {
+            (Some(copy), _) => Some(Ok(copy.clone())),
+            (None, Some(failure)) => Some(Err(failure.error.clone())),
+            (None, None) => None,
+        }
+    }
+
+    /// The answer while it stands, without a fetch.
+    fn standing(&self) -> Option<Result<Bytes, String>> {
+        self.until.filter(|until| Instant::now() < *until)?;
+        self.answer()
+    }
+
+    /// Records a fetch's outcome; a failure re-stamps the previous copy for the back-off.
+    fn record(
+        &mut self,
+        outcome: Result<Bytes, String>,
+        refresh: Duration,
+        location: &str,
+    ) -> Result<Bytes, String> {
+        self.fetches += 1;
+        let now = Instant::now();
+        let error = match outcome {
+            Ok(text) => {
+                self.copy = Some(text.clone());
+                self.failure = None;
+                self.until = Some(later(now, refresh));
+                return Ok(text);
+            }
+            Err(error) => error,
+        };
+        let backoff = match &self.failure {
+            Some(f) => f.backoff.saturating_mul(2).min(refresh.max(FIRST_BACKOFF)),
+            None => FIRST_BACKOFF,
+        };
+        self.until = Some(later(now, backoff));
+        let stale = self.copy.is_some();
+        match FETCH_WARNINGS.allow_now() {
+            Some(suppressed) if stale => {
+                tracing::warn!(location = %shown(location), error = %error, retry_secs = backoff.as_secs(), suppressed, "playlist refresh failed; serving the previous copy")
+            }
+            Some(suppressed) => {
+                tracing::warn!(location = %shown(location), error = %error, retry_secs = backoff.as_secs(), suppressed, "playlist fetch failed")
+            }
+            None => {
+                tracing::debug!(location = %shown(location), error = %error, stale, "playlist fetch failed")
+            }
+        }
+        self.failure = Some(Failure {
+            error: error.clone(),
+            backoff,
+        });
+        match &self.copy {
+            Some(copy) => Ok(copy.clone()),
+            None => Err(error),
+        }
+    }
+}
+
+/// `now + d`, or far ahead when that overflows (a refresh interval of `u64::MAX` seconds).
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(86_400 * 365 * 30)))
+        .unwrap_or(now)
+}
+
+fn lock(state: &std::sync::Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl std::fmt::Debug for Playlist {
@@ -277,62 +381,88 @@ impl Playlist {
             location,
             refresh,
             upstream,
-            cached: Mutex::new(None),
+            state: Arc::default(),
+            fetching: Arc::default(),
         })
     }
 
-    /// The playlist text, loading or refreshing it if needed.
+    /// The playlist text, loading or refreshing it if needed. After a failed fetch, the previous
+    /// copy (or the failure) for a back-off; while a fetch is under way, the previous copy.
     pub async fn get(&self) -> Result<Bytes, String> {
-        // Held across the load so concurrent requests share one fetch.
-        let mut cached = self.cached.lock().await;
-        if let Some((at, text)) = cached.as_ref() {
-            if at.elapsed() < self.refresh {
-                return Ok(text.clone());
+        let seen = {
+            let state = lock(&self.state);
+            if let Some(answer) = state.standing() {
+                return answer;
             }
-        }
-        match self.load().await {
-            Ok(text) => {
-                *cached = Some((Instant::now(), text.clone()));
-                Ok(text)
-            }
-            Err(e) => match cached.as_ref() {
-                Some((_, stale)) => {
-                    tracing::warn!(location = %shown(&self.location), error = %e, "playlist refresh failed; serving the previous copy");
-                    Ok(stale.clone())
+            state.fetches
+        };
+        let fetching = match self.fetching.clone().try_lock_owned() {
+            Ok(guard) => guard,
+            Err(_) => {
+                // Someone is fetching: the previous copy now, rather than a wait of up to
+                // FETCH_TIMEOUT for its refresh. With none, wait for that fetch's outcome.
+                if let Some(copy) = lock(&self.state).copy.clone() {
+                    return Ok(copy);
                 }
-                None => Err(e),
-            },
+                self.fetching.clone().lock_owned().await
+            }
+        };
+        {
+            let state = lock(&self.state);
+            // A fetch finished while this one waited: its outcome is the answer.
+            let answer = match state.fetches != seen {
+                true => state.answer(),
+                false => state.standing(),
+            };
+            if let Some(answer) = answer {
+                return answer;
+            }
         }
+        // In a task of its own, so the outcome is kept even if this request is dropped (its
+        // client gave up): the next request takes it rather than starting over.
+        let (location, upstream, refresh, state) = (
+            self.location.clone(),
+            self.upstream.clone(),
+            self.refresh,
+            self.state.clone(),
+        );
+        tokio::spawn(async move {
+            let outcome = load(&location, &upstream).await;
+            let answer = lock(&state).record(outcome, refresh, &location);
+            drop(fetching);
+            answer
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("playlist fetch failed: {e}")))
     }
+}
 
-    async fn load(&self) -> Result<Bytes, String> {
-        match source(&self.location)? {
-            Source::File(path) => tokio::fs::read(&path)
-                .await
-                .map(Bytes::from)
-                .map_err(|e| format!("cannot read playlist {}: {e}", path.display())),
-            Source::Http => tokio::time::timeout(FETCH_TIMEOUT, self.fetch())
-                .await
-                .map_err(|_| "playlist fetch timed out".to_string())?,
-        }
-    }
-
-    /// Through the shared upstream client, so its address guard, proxy routes and TLS apply.
-    async fn fetch(&self) -> Result<Bytes, String> {
-        let shown = shown(&self.location);
-        let resp = self
-            .upstream
-            .fetch(&self.location, http::HeaderMap::new(), MAX_PLAYLIST)
+async fn load(location: &str, upstream: &Upstream) -> Result<Bytes, String> {
+    match source(location)? {
+        Source::File(path) => tokio::fs::read(&path)
             .await
-            .map_err(|e| format!("playlist fetch from {shown} failed: {e}"))?;
-        if !resp.status.is_success() {
-            return Err(format!(
-                "playlist fetch from {shown}: status {}",
-                resp.status
-            ));
-        }
-        Ok(resp.body)
+            .map(Bytes::from)
+            .map_err(|e| format!("cannot read playlist {}: {e}", path.display())),
+        Source::Http => tokio::time::timeout(FETCH_TIMEOUT, fetch(location, upstream))
+            .await
+            .map_err(|_| "playlist fetch timed out".to_string())?,
     }
+}
+
+/// Through the shared upstream client, so its address guard, proxy routes and TLS apply.
+async fn fetch(location: &str, upstream: &Upstream) -> Result<Bytes, String> {
+    let shown = shown(location);
+    let resp = upstream
+        .fetch(location, http::HeaderMap::new(), MAX_PLAYLIST)
+        .await
+        .map_err(|e| format!("playlist fetch from {shown} failed: {e}"))?;
+    if !resp.status.is_success() {
+        return Err(format!(
+            "playlist fetch from {shown}: status {}",
+            resp.status
+        ));
+    }
+    Ok(resp.body)
 }
 
 #[cfg(test)]
@@ -479,5 +609,57 @@ udp://@239.1.1.1:5000?starttime=1\n";
 http://gw/_token_[=/rtsp/h/c|id=7]/rtsp/h/c\n\
 http://gw/_token_[=/udp/239.1.1.1:5000|starttime=1]/udp/239.1.1.1:5000\n";
         assert_eq!(out, want);
+    }
+
+    /// A failed load stands for a back-off that doubles with each failure in a row: the
+    /// previous copy (or the failure) is the answer until then, without loading again, even
+    /// with a refresh interval of 0 (load on every request). Before, every `get` loaded again.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_load_stands_for_a_back_off_that_doubles() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("list.m3u");
+        let upstream = Upstream::new(
+            &crate::config::UpstreamConfig::default(),
+            &mut prometheus_client::registry::Registry::default(),
+        )
+        .unwrap();
+        let list = |upstream: &Upstream, refresh: u64| {
+            let location = path.to_str().unwrap().to_string();
+            let refresh = Duration::from_secs(refresh);
+            Playlist::new(location, refresh, upstream.clone()).unwrap()
+        };
+        let step = Duration::from_secs(11);
+
+        // No copy: the failure is the answer for the back-off, then the file is read again.
+        let p = list(&upstream, 0);
+        let missing = p.get().await.unwrap_err();
+        assert!(missing.contains("cannot read playlist"), "{missing}");
+        std::fs::write(&path, "v1").unwrap();
+        assert_eq!(p.get().await.unwrap_err(), missing);
+        tokio::time::advance(step).await;
+        assert_eq!(p.get().await.unwrap(), "v1");
+
+        // A copy: served through the back-off after a failure, then the new one.
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(p.get().await.unwrap(), "v1");
+        std::fs::write(&path, "v2").unwrap();
+        assert_eq!(p.get().await.unwrap(), "v1");
+        tokio::time::advance(step).await;
+        assert_eq!(p.get().await.unwrap(), "v2");
+
+        // Failures in a row: 10 s, then 20 s, up to the refresh interval (here 60 s; with
+        // 0, as above, the back-off stays 10 s).
+        let p = list(&upstream, 60);
+        assert_eq!(p.get().await.unwrap(), "v2");
+        std::fs::remove_file(&path).unwrap();
+        tokio::time::advance(Duration::from_secs(61)).await;
+        assert_eq!(p.get().await.unwrap(), "v2");
+        tokio::time::advance(step).await;
+        assert_eq!(p.get().await.unwrap(), "v2");
+        std::fs::write(&path, "v3").unwrap();
+        tokio::time::advance(step).await;
+        assert_eq!(p.get().await.unwrap(), "v2", "the second back-off is 20 s");
+        tokio::time::advance(step).await;
+        assert_eq!(p.get().await.unwrap(), "v3");
     }
 }
