@@ -6,6 +6,7 @@ pub mod upstream;
 use http::{header, Response, StatusCode};
 
 use crate::body::{self, Body};
+use crate::logging::WarnLimit;
 use upstream::{ConnectError, UpstreamError};
 
 /// What a request body whose framing breaks its own head (a length it does not keep) is answered
@@ -163,16 +164,34 @@ impl ProxyError {
     /// `"the upstream"`) keeps its status, side and kind and names no host; the full error is
     /// logged here, for the operator. Any other error (a bad parameter) is left as it is, and so
     /// is one already unnamed: the first wording (`"the XC provider"`) stands, logged once.
-    pub fn unnamed(mut self, upstream: &str) -> Self {
+    ///
+    /// At most one warning a second ([`FAILURE_WARNINGS`]), the others at debug: a token holder
+    /// asking for streams that do not exist makes one per request, at whatever rate it sends.
+    pub fn unnamed(self, upstream: &str) -> Self {
+        self.unnamed_limited(upstream, &FAILURE_WARNINGS)
+    }
+
+    /// [`ProxyError::unnamed`], its warnings kept to what `limit` allows.
+    fn unnamed_limited(mut self, upstream: &str, limit: &WarnLimit) -> Self {
         if self.unnamed || (self.upstream.is_none() && self.side != Side::Upstream) {
             return self;
         }
-        tracing::warn!(
-            upstream = self.upstream.as_deref().unwrap_or(""),
-            kind = self.kind,
-            error = %self.message,
-            "upstream request failed"
-        );
+        let host = self.upstream.as_deref().unwrap_or("");
+        match limit.allow_now() {
+            Some(suppressed) => tracing::warn!(
+                upstream = host,
+                kind = self.kind,
+                error = %self.message,
+                suppressed,
+                "upstream request failed"
+            ),
+            None => tracing::debug!(
+                upstream = host,
+                kind = self.kind,
+                error = %self.message,
+                "upstream request failed"
+            ),
+        }
         self.message = match self.kind {
             "upstream_status" => format!("{upstream} answered {}", self.status.as_u16()),
             kind => format!("{upstream} request failed ({kind})"),
@@ -210,9 +229,99 @@ impl ProxyError {
     }
 }
 
+/// The "upstream request failed" warning of [`ProxyError::unnamed`], shared by every upstream
+/// and kind: at most one a second, the count of those held back in the next.
+static FAILURE_WARNINGS: WarnLimit = WarnLimit::new(1000);
+
 /// Left on error responses so the server can count them by side and kind.
 #[derive(Debug, Clone, Copy)]
 pub struct ErrorMark {
     pub side: Side,
     pub kind: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// Keeps the level of each event logged while it is the default subscriber.
+    struct Levels(Arc<Mutex<Vec<tracing::Level>>>);
+
+    impl tracing::Subscriber for Levels {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            self.0.lock().unwrap().push(*event.metadata().level());
+        }
+    }
+
+    /// A burst of failures (a token holder asking for 100 streams the provider does not have)
+    /// is one warning, the other 99 at debug: every one was a warning, at whatever rate the
+    /// client sent. The limit's window never ends here (no clock in the test).
+    #[test]
+    fn a_burst_of_failures_is_one_warning() {
+        let limit = WarnLimit::new(u64::MAX);
+        let levels = Arc::new(Mutex::new(Vec::new()));
+        let guard = tracing::subscriber::set_default(Levels(Arc::clone(&levels)));
+        for _ in 0..100 {
+            let e =
+                ProxyError::upstream_status(StatusCode::NOT_FOUND, "provider.example", "a stream");
+            let e = e.unnamed_limited("the XC provider", &limit);
+            assert_eq!(e.message, "the XC provider answered 404");
+            assert!(e.upstream.is_none());
+        }
+        drop(guard);
+        let levels = levels.lock().unwrap();
+        let count = |level| levels.iter().filter(|l| **l == level).count();
+        assert_eq!(count(tracing::Level::WARN), 1, "{levels:?}");
+        assert_eq!(count(tracing::Level::DEBUG), 99, "{levels:?}");
+    }
+
+    /// An unusable redirect's `Location` (the origin's, up to a header block) is kept masked and
+    /// cut to 256 bytes in the error, which goes to the log and the client: it was kept whole,
+    /// its credentials with it.
+    #[test]
+    fn a_bad_redirect_keeps_its_location_masked_and_cut() {
+        let long = format!(
+            "gopher://user:secret@evil.example/{}?token=abc&x=1",
+            "a".repeat(64 * 1024)
+        );
+        let e = UpstreamError::bad_redirect("h.example".into(), long.as_bytes());
+        let UpstreamError::BadRedirect { location, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert!(
+            location.len() <= upstream::REDIRECT_SHOWN,
+            "{}",
+            location.len()
+        );
+        assert!(
+            location.starts_with("gopher://user:****@evil.example/aaa"),
+            "{location}"
+        );
+        assert!(location.ends_with("..."), "{location}");
+        let text = ProxyError::from_upstream(&e).message;
+        assert!(!text.contains("secret"), "{text}");
+        assert!(text.len() < 400, "{}", text.len());
+
+        // A short one is masked and kept whole; a cut never splits a character.
+        let e = UpstreamError::bad_redirect("h".into(), b"ftp://h/x?token=abc");
+        assert!(e.to_string().ends_with(": ftp://h/x?token=****"), "{e}");
+        let wide = "\u{e9}".repeat(300);
+        let e = UpstreamError::bad_redirect("h".into(), wide.as_bytes());
+        let UpstreamError::BadRedirect { location, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert!(location.len() <= upstream::REDIRECT_SHOWN);
+        assert!(location.starts_with("\u{e9}\u{e9}") && location.ends_with("..."));
+    }
 }

@@ -85,12 +85,7 @@ impl Route {
         let host = HostPattern::parse(config.host.as_deref().unwrap_or(""))?;
         let name = format!("{}{}", host, config.path);
         let servers = group.servers();
-        let meters = metrics::RouteMeters::new(
-            families,
-            &name,
-            group.name(),
-            servers.iter().map(|s| s.addr()),
-        );
+        let meters = metrics::RouteMeters::new(families, &name, &group);
         let authorities: Vec<_> = servers.iter().map(|s| s.addr().parse().ok()).collect();
         Ok(Route {
             name,

@@ -311,10 +311,7 @@ impl Upstream {
         let Some(location) = resp.headers().get(header::LOCATION) else {
             return Ok(None);
         };
-        let bad = || UpstreamError::BadRedirect {
-            host: host_of(url),
-            location: String::from_utf8_lossy(location.as_bytes()).into_owned(),
-        };
+        let bad = || UpstreamError::bad_redirect(host_of(url), location.as_bytes());
         let text = location.to_str().map_err(|_| bad())?;
         let next = url.join(text).map_err(|_| bad())?;
         if !matches!(next.scheme(), "http" | "https") {

@@ -404,3 +404,45 @@ async fn a_backup_ejected_by_dropped_heads_still_serves_when_the_check_takes_the
     s.wait_metric("sluice_upstream_fallback_plans_total{group=\"web\"} 1")
         .await;
 }
+
+/// `sluice_reverse_server_healthy` follows the active check: a server the check takes down reads
+/// 0 though no request failed on it, and 1 again once the check brings it back. Set by request
+/// attempts alone, it read 1 through the whole outage (no request reaches a server the check
+/// took out).
+#[tokio::test]
+async fn the_reverse_healthy_gauge_follows_the_check() {
+    let (a_up, b_up) = (
+        Arc::new(AtomicBool::new(true)),
+        Arc::new(AtomicBool::new(true)),
+    );
+    let (a, _) = named_origin("a", a_up.clone()).await;
+    let (b, _) = named_origin("b", b_up).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_config(
+        &dir,
+        &format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[[upstreams]]\nname = \"web\"\n\
+             servers = [\"{a}\", \"{b}\"]\n{HEALTH}\n\n\
+             [[routes]]\npath = \"/\"\nupstream = \"web\"\n"
+        ),
+    );
+    let s = Running::start(&file).await;
+    // Both servers served a request (round robin): their series exist either way.
+    for i in 0..4 {
+        assert_eq!(s.get(&format!("/item/{i}")).await.0, StatusCode::OK);
+    }
+    let healthy = |addr: SocketAddr, v: u8| {
+        format!("sluice_reverse_server_healthy{{group=\"web\",server=\"{addr}\"}} {v}")
+    };
+    s.wait_metric(&healthy(a, 1)).await;
+    a_up.store(false, Ordering::SeqCst);
+    s.wait_metric(&format!(
+        "sluice_upstream_server_up{{group=\"web\",server=\"{a}\"}} 0"
+    ))
+    .await;
+    let m = s.metrics().await;
+    assert!(m.lines().any(|l| l == healthy(a, 0)), "{m}");
+    assert!(m.lines().any(|l| l == healthy(b, 1)), "{m}");
+    a_up.store(true, Ordering::SeqCst);
+    s.wait_metric(&healthy(a, 1)).await;
+}

@@ -78,6 +78,7 @@ pub enum UpstreamError {
     HeaderTimeout { host: String, secs: u64 },
     #[error("upstream {host} redirected more than {limit} times")]
     TooManyRedirects { host: String, limit: usize },
+    /// Made by [`UpstreamError::bad_redirect`], which masks and cuts `location`.
     #[error("upstream {host} sent an unusable redirect: {location}")]
     BadRedirect { host: String, location: String },
     /// A redirect to a host the caller's own host rules refuse (`[media.forward]`); `host` is
@@ -88,7 +89,29 @@ pub enum UpstreamError {
     Protocol { host: String, detail: String },
 }
 
+/// The most of a refused redirect's `Location` a [`UpstreamError::BadRedirect`] keeps, in bytes.
+pub const REDIRECT_SHOWN: usize = 256;
+
 impl UpstreamError {
+    /// A redirect whose `Location` cannot be followed. The value is the origin's: any length up
+    /// to a header block (16 of 64 KiB filled the log's 1 MiB queue) and perhaps a credential
+    /// (`user:pass@`, a token in its query). It goes to the log and to the client, so it is kept
+    /// masked (`redact::mask_url`, before the cut: a cut user info would no longer be found)
+    /// and cut to [`REDIRECT_SHOWN`] bytes, `...` marking a cut.
+    pub fn bad_redirect(host: String, location: &[u8]) -> UpstreamError {
+        let masked = crate::redact::mask_url(&String::from_utf8_lossy(location));
+        let location = if masked.len() <= REDIRECT_SHOWN {
+            masked
+        } else {
+            let mut end = REDIRECT_SHOWN - 3;
+            while !masked.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!("{}...", &masked[..end])
+        };
+        UpstreamError::BadRedirect { host, location }
+    }
+
     /// The upstream host the error concerns.
     pub fn host(&self) -> Option<&str> {
         match self {

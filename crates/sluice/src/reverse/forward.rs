@@ -909,7 +909,6 @@ where
         let failure = match outcome {
             Ok(Ok(response)) => {
                 server.report_success();
-                route.meters.server_healthy(&meters).set(1);
                 return Ok((response, in_flight));
             }
             Ok(Err(AttemptFailure::Final(e))) => return Err(e),
@@ -953,9 +952,6 @@ where
         };
         server.report_failure();
         route.meters.server_failures(&meters).inc();
-        if !server.is_usable() {
-            route.meters.server_healthy(&meters).set(0);
-        }
         tracing::debug!(route = %route.name, server = server.addr(), error = %failure, "attempt failed");
         let connect_failed = matches!(
             failure,

@@ -7,7 +7,13 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::upstream::group::Group;
 
 /// Labels of per-route series; `route` is `host+path` as configured.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -45,7 +51,7 @@ pub struct ReverseMetrics {
     pub server_requests: Family<ServerLabels, Counter>,
     pub server_failures: Family<ServerLabels, Counter>,
     pub server_in_flight: Family<ServerLabels, Gauge>,
-    pub server_healthy: Family<ServerLabels, Gauge>,
+    pub server_healthy: HealthyServers,
     pub reloads: Family<ReloadLabels, Counter>,
     pub access_log_dropped: Counter,
 }
@@ -68,7 +74,7 @@ impl ReverseMetrics {
             server_requests: Family::default(),
             server_failures: Family::default(),
             server_in_flight: Family::default(),
-            server_healthy: Family::default(),
+            server_healthy: HealthyServers::default(),
             reloads: Family::default(),
             access_log_dropped: Counter::default(),
         };
@@ -113,11 +119,7 @@ impl ReverseMetrics {
             "Requests and tunnels open per upstream server",
             m.server_in_flight.clone(),
         );
-        r.register(
-            "server_healthy",
-            "1 while an upstream server is usable",
-            m.server_healthy.clone(),
-        );
+        r.register_collector(Box::new(m.server_healthy.clone()));
         r.register(
             "reloads",
             "Route table reloads by result",
@@ -129,6 +131,67 @@ impl ReverseMetrics {
             m.access_log_dropped.clone(),
         );
         m
+    }
+}
+
+/// `server_healthy`: 1 while a server of a route's group is usable (healthy by the active check
+/// and not ejected), read off the server when `/metrics` is scraped. Set by request attempts
+/// before, it stayed 1 through an outage the check found (or an ejection no request followed)
+/// and 0 after an ejection had ended.
+#[derive(Clone, Default)]
+pub struct HealthyServers {
+    /// The groups of the route tables built, newest last; a group no route table (nor the
+    /// live generation) holds any more is dropped at the next scrape or build.
+    groups: Arc<Mutex<Vec<Weak<Group>>>>,
+}
+
+impl HealthyServers {
+    /// Reports `group`'s servers from now on (a route over it was built).
+    fn watch(&self, group: &Arc<Group>) {
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        groups.retain(|g| g.strong_count() > 0);
+        if !groups
+            .iter()
+            .any(|g| std::ptr::eq(g.as_ptr(), Arc::as_ptr(group)))
+        {
+            groups.push(Arc::downgrade(group));
+        }
+    }
+}
+
+impl std::fmt::Debug for HealthyServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HealthyServers")
+    }
+}
+
+impl Collector for HealthyServers {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let groups: Vec<Arc<Group>> = {
+            let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+            groups.retain(|g| g.strong_count() > 0);
+            groups.iter().filter_map(Weak::upgrade).collect()
+        };
+        let mut family = encoder.encode_descriptor(
+            "server_healthy",
+            "1 while an upstream server is usable.",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        // During a reload the old generation's groups live on with the requests still on them:
+        // one series per group and server, the newest generation's.
+        let mut seen = std::collections::HashSet::new();
+        for group in groups.iter().rev() {
+            for server in group.servers() {
+                if !seen.insert((group.name(), server.addr())) {
+                    continue;
+                }
+                let labels = [("group", group.name()), ("server", server.addr())];
+                ConstGauge::new(i64::from(server.is_usable()))
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -167,28 +230,27 @@ pub struct ServerMeters {
     requests: OnceLock<Counter>,
     failures: OnceLock<Counter>,
     in_flight: OnceLock<Gauge>,
-    healthy: OnceLock<Gauge>,
 }
 
 impl RouteMeters {
-    /// The series of route `route` over `group`'s servers (`server_addrs`, in group order).
-    pub fn new<'a>(
-        families: &ReverseMetrics,
-        route: &str,
-        group: &str,
-        server_addrs: impl Iterator<Item = &'a str>,
-    ) -> RouteMeters {
+    /// The series of route `route` over `group`'s servers; their `server_healthy` is reported
+    /// from now on.
+    pub fn new(families: &ReverseMetrics, route: &str, group: &Arc<Group>) -> RouteMeters {
+        families.server_healthy.watch(group);
+        let name = group.name();
         RouteMeters {
             families: families.clone(),
             route: route.to_string(),
-            group: group.to_string(),
+            group: name.to_string(),
             ttfb: OnceLock::new(),
             total: OnceLock::new(),
             retries: OnceLock::new(),
             spliced: OnceLock::new(),
             classes: Default::default(),
-            servers: server_addrs
-                .map(|addr| ServerMeters::new(group, addr))
+            servers: group
+                .servers()
+                .iter()
+                .map(|server| ServerMeters::new(name, server.addr()))
                 .collect(),
         }
     }
@@ -267,15 +329,6 @@ impl RouteMeters {
                 .clone()
         })
     }
-
-    pub fn server_healthy<'m>(&self, m: &'m ServerMeters) -> &'m Gauge {
-        m.healthy.get_or_init(|| {
-            self.families
-                .server_healthy
-                .get_or_create(&m.labels)
-                .clone()
-        })
-    }
 }
 
 impl ServerMeters {
@@ -288,7 +341,84 @@ impl ServerMeters {
             requests: OnceLock::new(),
             failures: OnceLock::new(),
             in_flight: OnceLock::new(),
-            healthy: OnceLock::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(name: &str, servers: &str) -> Arc<Group> {
+        let config: crate::upstream::group::GroupConfig = toml::from_str(&format!(
+            "name = \"{name}\"\nservers = {servers}\nmax_fails = 1\nfail_timeout_secs = 3600\n"
+        ))
+        .unwrap();
+        Arc::new(Group::new(&config).unwrap())
+    }
+
+    fn healthy_lines(registry: &Registry) -> Vec<String> {
+        crate::metrics::render(registry)
+            .lines()
+            .filter(|l| l.starts_with("reverse_server_healthy{"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The gauge is what the server is when `/metrics` is read: the active check taking it down
+    /// (`Server::set_healthy`, as `health.rs` calls it) reads 0, an ejection 0, its bringing
+    /// back 1. Set by request attempts alone, it stayed 1 through the check's whole outage.
+    #[test]
+    fn a_server_the_check_takes_down_reads_0() {
+        let mut registry = Registry::default();
+        let families = ReverseMetrics::new(&mut registry);
+        let g = group("app", "[\"127.0.0.1:1\", \"127.0.0.1:2\"]");
+        // Two routes over one group: one series per server.
+        let _a = RouteMeters::new(&families, "/a", &g);
+        let _b = RouteMeters::new(&families, "/b", &g);
+        let line = |addr: &str, v: u8| {
+            format!("reverse_server_healthy{{group=\"app\",server=\"{addr}\"}} {v}")
+        };
+        assert_eq!(
+            healthy_lines(&registry),
+            [line("127.0.0.1:1", 1), line("127.0.0.1:2", 1)]
+        );
+        g.servers()[0].set_healthy(false);
+        assert_eq!(
+            healthy_lines(&registry),
+            [line("127.0.0.1:1", 0), line("127.0.0.1:2", 1)]
+        );
+        g.servers()[1].report_failure();
+        assert_eq!(
+            healthy_lines(&registry),
+            [line("127.0.0.1:1", 0), line("127.0.0.1:2", 0)]
+        );
+        g.servers()[0].set_healthy(true);
+        assert_eq!(
+            healthy_lines(&registry),
+            [line("127.0.0.1:1", 1), line("127.0.0.1:2", 0)]
+        );
+    }
+
+    /// A reload's new generation is reported, once per server; a group no route holds any more
+    /// leaves the exposition.
+    #[test]
+    fn a_reloaded_group_replaces_the_old_one() {
+        let mut registry = Registry::default();
+        let families = ReverseMetrics::new(&mut registry);
+        let old = group("app", "[\"127.0.0.1:1\"]");
+        let old_route = RouteMeters::new(&families, "/", &old);
+        old.servers()[0].set_healthy(false);
+        let new = group("app", "[\"127.0.0.1:1\"]");
+        let _new_route = RouteMeters::new(&families, "/", &new);
+        let line =
+            |v: u8| format!("reverse_server_healthy{{group=\"app\",server=\"127.0.0.1:1\"}} {v}");
+        // The old one still held (a request on it): the new generation's value, once.
+        assert_eq!(healthy_lines(&registry), [line(1)]);
+        let gone = group("gone", "[\"127.0.0.1:9\"]");
+        let gone_route = RouteMeters::new(&families, "/gone", &gone);
+        assert_eq!(healthy_lines(&registry).len(), 2);
+        drop((old_route, old, gone_route, gone));
+        assert_eq!(healthy_lines(&registry), [line(1)]);
     }
 }

@@ -131,10 +131,7 @@ impl Upstream {
                     body,
                 });
             };
-            let bad = || UpstreamError::BadRedirect {
-                host: host.clone(),
-                location: String::from_utf8_lossy(location.as_bytes()).into_owned(),
-            };
+            let bad = || UpstreamError::bad_redirect(host.clone(), location.as_bytes());
             let text = location.to_str().map_err(|_| bad())?;
             let next = sluice_http::location::resolve(&uri, text).map_err(|_| bad())?;
             redirects += 1;
