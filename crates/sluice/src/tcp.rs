@@ -402,14 +402,22 @@ pub fn reload_part(
 mod tests {
     use super::*;
 
-    fn listeners(origin: SocketAddr, listen: &[SocketAddr]) -> crate::config::Config {
+    /// The `[[upstreams]]` and `[[tcp]]` sections of a config file (the config module composes
+    /// them; a module below it does not use it).
+    #[derive(serde::Deserialize)]
+    struct Sections {
+        upstreams: Vec<crate::upstream::group::GroupConfig>,
+        tcp: Vec<TcpConfig>,
+    }
+
+    fn listeners(origin: SocketAddr, listen: &[SocketAddr]) -> Sections {
         let mut text = format!("[[upstreams]]\nname = \"g\"\nservers = [\"{origin}\"]\n");
         for l in listen {
             text.push_str(&format!("\n[[tcp]]\nlisten = \"{l}\"\nupstream = \"g\"\n"));
         }
-        let config = crate::config::Config::parse_file(&text).unwrap();
-        config.validate().unwrap();
-        config
+        let sections: Sections = toml::from_str(&text).unwrap();
+        config::validate(&sections.tcp, &sections.upstreams).unwrap();
+        sections
     }
 
     /// A reload prepared before shutdown and committed after it (SIGTERM while the reload ran)

@@ -619,7 +619,7 @@ http://gw/_token_[=/udp/239.1.1.1:5000|starttime=1]/udp/239.1.1.1:5000\n";
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("list.m3u");
         let upstream = Upstream::new(
-            &crate::config::UpstreamConfig::default(),
+            &crate::upstream::UpstreamConfig::default(),
             &mut prometheus_client::registry::Registry::default(),
         )
         .unwrap();
