@@ -453,7 +453,7 @@ async fn token_children_decrypt_to_the_right_destination() {
             };
             assert_eq!(param("d").as_deref(), Some(d.as_str()));
             assert_eq!(param("h_referer").as_deref(), Some("https://r.example/"));
-            assert_eq!(grant.scope, vec!["/proxy/hls/".to_string()]);
+            assert_eq!(grant.scope, vec!["=/proxy/hls/segment.ts".to_string()]);
             match exp {
                 Some(exp) => assert_eq!(grant.exp, Some(exp)),
                 None => {

@@ -1205,3 +1205,256 @@ async fn minting_links_for_another_mediaflow_server_is_no_guess() {
     let (status, _) = from(client, "POST", &s.url("/generate_url"), &json, &body).await;
     assert_eq!(status, 429);
 }
+
+/// An origin answering fixed texts by path; `/once/...` holds its first request open (forever)
+/// and answers its others with the text of the rest of the path. Counts requests by path.
+struct TextOrigin {
+    addr: std::net::SocketAddr,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl TextOrigin {
+    async fn start(texts: &'static [(&'static str, &'static str)]) -> TextOrigin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let log = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let log = log.clone();
+                        async move {
+                            let path = req.uri().path().to_string();
+                            let before = {
+                                let mut log = log.lock().unwrap();
+                                let n = log.iter().filter(|p| **p == path).count();
+                                log.push(path.clone());
+                                n
+                            };
+                            let name = match path.strip_prefix("/once") {
+                                Some(rest) => {
+                                    if before == 0 {
+                                        std::future::pending::<()>().await;
+                                    }
+                                    rest.to_string()
+                                }
+                                None => path.clone(),
+                            };
+                            let text = texts
+                                .iter()
+                                .find(|(p, _)| *p == name)
+                                .map_or("", |(_, t)| *t);
+                            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(text))))
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        TextOrigin { addr, seen }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    fn seen(&self, path: &str) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| *p == path)
+            .count()
+    }
+}
+
+/// A variant playlist naming its segments where an XC panel writes them: under the account
+/// sluice hides.
+const HIDDEN_VARIANT: &str = "#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXTINF:4.0,\n\
+    http://127.0.0.1:9/hlsr/sess/realuser/realpass/1.ts\n#EXT-X-ENDLIST\n";
+
+/// The URI lines of a playlist.
+fn uris(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// A manifest's child token was scoped to the whole `/proxy/hls/` family, so it opened
+/// `/proxy/hls/segment.ts`, which pipes the token's `d` back byte for byte: the holder of a
+/// variant playlist's token read the upstream playlist as written (the account and URLs the
+/// rewrite hides). Each child now opens the one endpoint it was minted for.
+#[tokio::test]
+async fn a_manifest_child_cannot_read_its_playlist_unrewritten() {
+    let origin = TextOrigin::start(&[
+        (
+            "/master.m3u8",
+            "#EXTM3U\n#EXT-X-STREAM-INF:BANDWIDTH=1000\nv.m3u8\n",
+        ),
+        ("/v.m3u8", HIDDEN_VARIANT),
+    ])
+    .await;
+    let s = sluice(true).await;
+    let want = reference(&s).await;
+    let master = s.url(&format!(
+        "/proxy/hls/manifest.m3u8?d={}&api_password={PW}",
+        enc(&origin.url("/master.m3u8"))
+    ));
+    let r = get(&master).await;
+    assert_eq!(r.status, 200);
+    let variant = uris(std::str::from_utf8(&r.body.unwrap()).unwrap()).remove(0);
+    let (base, token, path) = split_token(&variant);
+    assert_eq!(path, "proxy/hls/manifest.m3u8");
+    // Played as it was minted: rewritten, the account hidden.
+    let r = get(&variant).await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert!(
+        text.contains("#EXTINF") && !text.contains("realpass"),
+        "{text}"
+    );
+    let fetched = origin.seen("/v.m3u8");
+    for other in [
+        "proxy/hls/segment.ts",
+        "proxy/hls/segment.m4s",
+        "proxy/hls/segment",
+        "proxy/hls/key_proxy/manifest.m3u8",
+    ] {
+        let attack = format!("{base}/_token_{token}/{other}");
+        let got = observe(&attack).await;
+        assert!(
+            !String::from_utf8_lossy(&got.body).contains("realpass"),
+            "{attack}: the upstream playlist as written"
+        );
+        assert_eq!(got, want, "{attack}");
+    }
+    assert_eq!(origin.seen("/v.m3u8"), fetched);
+    // Its segment's child opens its segment endpoint alone, not the manifest.
+    let seg = uris(&text).remove(0);
+    let (base, token, path) = split_token(&seg);
+    assert_eq!(path, "proxy/hls/segment.ts");
+    let attack = format!("{base}/_token_{token}/proxy/hls/manifest.m3u8");
+    assert_eq!(observe(&attack).await, want, "{attack}");
+}
+
+/// A `/playlist/playlist` entry's token was scoped to its endpoint family the same way: its
+/// holder read the hidden source's playlist as written through `segment.ts`.
+#[tokio::test]
+async fn a_merged_playlist_entry_cannot_read_its_source_unrewritten() {
+    let origin = TextOrigin::start(&[("/v.m3u8", HIDDEN_VARIANT)]).await;
+    let s = sluice(true).await;
+    let want = reference(&s).await;
+    let entry = merged_entry(&s, &origin).await;
+    let (base, token, path) = split_token(&entry);
+    assert_eq!(path, "proxy/hls/manifest.m3u8");
+    let r = get(&entry).await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert!(
+        text.contains("#EXTINF") && !text.contains("realpass"),
+        "{text}"
+    );
+    for other in ["proxy/hls/segment.ts", "proxy/hls/key_proxy/manifest.m3u8"] {
+        let attack = format!("{base}/_token_{token}/{other}");
+        let got = observe(&attack).await;
+        assert!(
+            !String::from_utf8_lossy(&got.body).contains("realpass"),
+            "{attack}: the upstream playlist as written"
+        );
+        assert_eq!(got, want, "{attack}");
+    }
+}
+
+/// The one entry of a `/playlist/playlist` merge of a list naming `origin`'s `/v.m3u8`.
+async fn merged_entry(s: &Sluice, origin: &TextOrigin) -> String {
+    merged_entries(s, &[origin.url("/v.m3u8")]).await.remove(0)
+}
+
+/// The entries of a merge of one list naming `targets`, fetched with the password.
+async fn merged_entries(s: &Sluice, targets: &[String]) -> Vec<String> {
+    let mut list = String::from("#EXTM3U\n");
+    for (i, t) in targets.iter().enumerate() {
+        list.push_str(&format!("#EXTINF:-1,Channel {i}\n{t}\n"));
+    }
+    let lists = ListOrigin::start(list).await;
+    let url = s.url(&format!(
+        "/playlist/playlist?d={}&api_password={PW}",
+        enc(&lists)
+    ));
+    let r = get(&url).await;
+    assert_eq!(r.status, 200);
+    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert!(!text.contains(PW));
+    let entries = uris(&text);
+    assert_eq!(entries.len(), targets.len(), "{text}");
+    entries
+}
+
+/// Serves one M3U list at `/list.m3u`; its URL.
+struct ListOrigin;
+
+impl ListOrigin {
+    async fn start(list: String) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let list = Bytes::from(list);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let list = list.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |_req: http::Request<hyper::body::Incoming>| {
+                        let list = list.clone();
+                        async move { Ok::<_, Infallible>(Response::new(Full::new(list))) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        format!("http://{addr}/list.m3u")
+    }
+}
+
+/// `/playlist/playlist` seals every entry again under a fresh nonce per fetch, and the in-flight
+/// share of a sealed token was keyed by its text: fetching the merge again gave a channel a new
+/// spelling and a new full share of `media.max_requests_per_token`. A sealed token counts by
+/// what it grants: every spelling of one entry holds one share; another entry keeps its own.
+#[tokio::test]
+async fn every_spelling_of_a_merged_entry_holds_one_share() {
+    let origin = TextOrigin::start(&[("/v.m3u8", HIDDEN_VARIANT)]).await;
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.media.prebuffer_segments = 0;
+    config.media.max_requests_per_token = 1;
+    let s = Sluice::start(config).await;
+    let targets = [origin.url("/once/v.m3u8"), origin.url("/v.m3u8")];
+    let first = merged_entries(&s, &targets).await;
+    let second = merged_entries(&s, &targets).await;
+    assert_ne!(first[0], second[0], "two spellings of one grant");
+    // The first spelling holds the entry's one place: its upstream request never ends.
+    let held = {
+        let url = first[0].clone();
+        tokio::spawn(async move { get(&url).await })
+    };
+    while origin.seen("/once/v.m3u8") == 0 {
+        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The second spelling of the same entry is past the share.
+    let r = get(&second[0]).await;
+    assert_eq!(r.status, 429, "the second spelling got a share of its own");
+    let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    assert!(body.contains("max_requests_per_token"), "{body}");
+    assert_eq!(origin.seen("/once/v.m3u8"), 1);
+    // Another entry (another grant) has its own share.
+    let r = get(&second[1]).await;
+    assert_eq!(r.status, 200);
+    assert!(!held.is_finished());
+    held.abort();
+}

@@ -237,18 +237,18 @@ async fn merges_sources_into_sealed_entries() {
         "#EXTM3U url-tvg=\"http://epg.example/guide.xml\"\n\
 #EXTINF:-1,Alpha\n\
 #EXTHTTP:{{\"Origin\":\"https://o.example\"}}\n\
-<token /proxy/hls/manifest.m3u8 scope=[\"/proxy/hls/\"] exp=None d=http://cdn.example/a.m3u8 h_origin=https://o.example>\n\
+<token /proxy/hls/manifest.m3u8 scope=[\"=/proxy/hls/manifest.m3u8\"] exp=None d=http://cdn.example/a.m3u8 h_origin=https://o.example>\n\
 #EXTINF:-1,mike\n\
 http://direct.example/m.ts\n\
 #EXTINF:-1,zulu\n\
-<token /proxy/hls/manifest.m3u8 scope=[\"/proxy/hls/\"] exp=None d=http://cdn.example/z.m3u8>\n\
+<token /proxy/hls/manifest.m3u8 scope=[\"=/proxy/hls/manifest.m3u8\"] exp=None d=http://cdn.example/z.m3u8>\n\
 #EXTINF:-1 tvg-id=\"news\" group-title=\"News, World\",News\n\
 #EXTVLCOPT:http-user-agent=VLC-UA/3.0\n\
 #EXTVLCOPT:http-referrer=https://site.example/\n\
-<token /proxy/hls/manifest.m3u8 scope=[\"/proxy/hls/\"] exp=None d={live} h_user-agent=VLC-UA/3.0 h_referer=https://site.example/>\n\
+<token /proxy/hls/manifest.m3u8 scope=[\"=/proxy/hls/manifest.m3u8\"] exp=None d={live} h_user-agent=VLC-UA/3.0 h_referer=https://site.example/>\n\
 #EXTINF:-1,Movies\n\
 #KODIPROP:inputstream=inputstream.adaptive\n\
-<token /proxy/mpd/manifest.m3u8 scope=[\"/proxy/mpd/\"] exp=None d=https://dash.example/movies/manifest.mpd key_id=00112233445566778899aabbccddeeff key=ffeeddccbbaa99887766554433221100>\n\
+<token /proxy/mpd/manifest.m3u8 scope=[\"=/proxy/mpd/manifest.m3u8\"] exp=None d=https://dash.example/movies/manifest.mpd key_id=00112233445566778899aabbccddeeff key=ffeeddccbbaa99887766554433221100>\n\
 # ERROR playlist 4: upstream answered 404 Not Found"
     );
     assert_eq!(opened(&list, &s), want);

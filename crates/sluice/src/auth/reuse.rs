@@ -218,29 +218,100 @@ impl Tokens {
 }
 
 /// Everything that shapes the grant (parameters, scope and the parent's limits), and whose network
-/// it is for.
+/// it is for. Each field is length-prefixed ([`Fields`]): joined raw with separator characters, a
+/// carried parameter holding them (`h_x=a\u{1}b`, which a query can carry) made two children
+/// one key, so one was handed the other's token.
 fn key(
     params: &[(String, String)],
     paths: &[&str],
     parent: Option<&TokenScope>,
     client: IpAddr,
 ) -> String {
-    let mut out = String::new();
-    for (k, v) in params {
-        out.push_str(k);
-        out.push('\u{1}');
-        out.push_str(v);
-        out.push('\u{2}');
+    let mut out = Fields::default();
+    out.grant(params, paths);
+    match parent {
+        None => out.tag('-'),
+        Some(p) => {
+            out.tag('+');
+            out.limits(p.exp, p.ip.as_deref());
+            match &p.paths {
+                None => out.tag('-'),
+                Some(paths) => {
+                    out.tag('+');
+                    out.list(paths.iter().map(String::as_str));
+                }
+            }
+        }
     }
-    for p in paths {
-        out.push_str(p);
-        out.push('\u{3}');
+    out.field(&client.to_string());
+    out.0
+}
+
+/// What a sealed token grants, in one form: its parameters, scope, expiry and address, each
+/// field length-prefixed. Two seals of one grant (each under a fresh nonce, so two spellings)
+/// give the same bytes; two grants never do.
+pub fn grant_bytes(
+    params: &[(String, String)],
+    paths: &[impl AsRef<str>],
+    exp: Option<u64>,
+    ip: Option<&str>,
+) -> Vec<u8> {
+    let mut out = Fields::default();
+    out.grant(params, paths);
+    out.limits(exp, ip);
+    out.0.into_bytes()
+}
+
+/// Text made of fields that cannot run into each other: each is its length in decimal, `:`, then
+/// its bytes; lists and optional values say how many follow.
+#[derive(Default)]
+struct Fields(String);
+
+impl Fields {
+    fn field(&mut self, s: &str) {
+        self.0.push_str(&s.len().to_string());
+        self.0.push(':');
+        self.0.push_str(s);
     }
-    if let Some(p) = parent {
-        out.push_str(&format!("{:?}\u{4}{:?}\u{4}{:?}", p.exp, p.ip, p.paths));
+
+    fn tag(&mut self, t: char) {
+        self.0.push(t);
     }
-    out.push_str(&format!("\u{5}{client}"));
-    out
+
+    fn list<'a>(&mut self, items: impl ExactSizeIterator<Item = &'a str>) {
+        self.0.push_str(&items.len().to_string());
+        self.0.push('#');
+        for item in items {
+            self.field(item);
+        }
+    }
+
+    fn grant(&mut self, params: &[(String, String)], paths: &[impl AsRef<str>]) {
+        self.0.push_str(&params.len().to_string());
+        self.0.push('#');
+        for (k, v) in params {
+            self.field(k);
+            self.field(v);
+        }
+        self.list(paths.iter().map(AsRef::as_ref));
+    }
+
+    fn limits(&mut self, exp: Option<u64>, ip: Option<&str>) {
+        match exp {
+            None => self.tag('-'),
+            Some(exp) => {
+                self.tag('+');
+                self.field(&exp.to_string());
+            }
+        }
+        match ip {
+            None => self.tag('-'),
+            Some(ip) => {
+                self.tag('+');
+                self.field(ip);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -515,5 +586,68 @@ mod tests {
             "t"
         );
         assert_consistent(&reuse.tokens.lock().unwrap());
+    }
+
+    /// Keys were the fields joined raw with `\u{1}`..`\u{3}`: a carried parameter holding those
+    /// characters made another child's key, and was handed that child's token.
+    #[test]
+    fn a_parameter_holding_the_old_separators_makes_no_other_childs_key() {
+        let client: IpAddr = "10.0.0.1".parse().unwrap();
+        let p = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let pairs = [
+            // One parameter whose value spells a second one, against those two parameters.
+            (
+                p(&[("d", "http://o/a"), ("h_x", "1\u{2}h_y\u{1}2")]),
+                p(&[("d", "http://o/a"), ("h_x", "1"), ("h_y", "2")]),
+            ),
+            // A name that spells a first parameter and the start of a second.
+            (
+                p(&[("h_x\u{1}1\u{2}h_y", "2")]),
+                p(&[("h_x", "1"), ("h_y", "2")]),
+            ),
+        ];
+        for (a, b) in &pairs {
+            let ka = key(a, &["/proxy/hls/"], None, client);
+            let kb = key(b, &["/proxy/hls/"], None, client);
+            assert_ne!(ka, kb, "{a:?} / {b:?}");
+        }
+        // Through the memory: the second child is minted, not handed the first one's token.
+        let reuse = Reuse::default();
+        let (a, b) = &pairs[0];
+        let mint = |params: &[(String, String)], token: &str| {
+            reuse.get_or_mint(params, &["/proxy/hls/"], None, client, 100, 60, || {
+                (token.to_string(), Some(1000))
+            })
+        };
+        assert_eq!(mint(a, "ta"), "ta");
+        assert_eq!(mint(b, "tb"), "tb");
+        assert_eq!(mint(a, "again"), "ta");
+        // A parent's limits are fields too, and a grant's bytes tell its fields apart.
+        let parent = |ip: &str| TokenScope {
+            exp: Some(5),
+            ip: Some(ip.to_string()),
+            paths: None,
+        };
+        assert_ne!(
+            key(a, &[], Some(&parent("1.2.3.4")), client),
+            key(a, &[], Some(&parent("1.2.3.5")), client)
+        );
+        assert_ne!(
+            grant_bytes(&p(&[("d", "x")]), &["/a", "/b"], None, None),
+            grant_bytes(&p(&[("d", "x")]), &["/a/b"], None, None)
+        );
+        assert_ne!(
+            grant_bytes(&p(&[("d", "x")]), &["/a"], Some(1), None),
+            grant_bytes(&p(&[("d", "x")]), &["/a"], None, Some("1"))
+        );
+        assert_eq!(
+            grant_bytes(&p(&[("d", "x")]), &["/a"], Some(1), Some("1.2.3.4")),
+            grant_bytes(&p(&[("d", "x")]), &["/a"], Some(1), Some("1.2.3.4"))
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! parent's parameters carried.
 //!
 //! When a password is configured children are sealed path tokens (`/_token_<T>/proxy/...`) scoped
-//! to the child's endpoint family, expiring after `auth.child_token_ttl_secs` or with the parent,
+//! to the one endpoint the child is for ([`child_scope`]), expiring after `auth.child_token_ttl_secs` or with the parent,
 //! and bound to the parent's address, so the password never appears in a URL and a time- or
 //! IP-bound parent cannot mint unbounded children. A reload from the same client network gets the
 //! same child tokens while they have half their lifetime left, so live playlists keep stable URLs
@@ -46,9 +46,9 @@ impl Links {
     pub fn url(&self, endpoint: &str, params: &[(String, String)]) -> String {
         match &self.gate {
             Some(gate) => {
-                let family = family(endpoint);
+                let scope = child_scope(endpoint);
                 let parent = self.parent.as_ref();
-                let token = gate.mint_child(params, &[family], parent, self.client, token::now());
+                let token = gate.mint_child(params, &[&scope], parent, self.client, token::now());
                 format!("{}/_token_{token}{endpoint}", self.origin)
             }
             None => format!(
@@ -60,15 +60,23 @@ impl Links {
     }
 }
 
-/// The endpoint family a child token opens: `/proxy/hls/segment.ts` → `/proxy/hls/`.
-fn family(endpoint: &str) -> &str {
-    let after = endpoint
-        .strip_prefix("/proxy/")
-        .map_or(0, |_| "/proxy/".len());
-    match endpoint[after..].find('/') {
-        Some(end) => &endpoint[..after + end + 1],
-        None => endpoint,
+/// The scope a child token for `endpoint` opens: that endpoint alone ([`token::exact_scope`]).
+/// Scoped to the endpoint's family (`/proxy/hls/`), a manifest's child opened
+/// `/proxy/hls/segment.ts` too, which pipes the token's `d` back byte for byte: the holder of a
+/// variant playlist's token read the upstream playlist as written, with the URLs (an XC panel's
+/// account, a hidden source) the rewrite hides. Two endpoints open more: `/proxy/stream` opens the
+/// paths below it too (`/proxy/stream/name.mp4`, the same bytes under a file name), and a DASH
+/// out template (`/proxy/mpd/out/$Number$/$Time$/segment.mp4`, filled in by the player) opens
+/// the directory its segments are named in.
+pub fn child_scope(endpoint: &str) -> String {
+    if let Some(at) = endpoint.find('$') {
+        let dir = endpoint[..at].rfind('/').map_or(0, |i| i + 1);
+        return endpoint[..dir].to_string();
     }
+    if endpoint == "/proxy/stream" {
+        return endpoint.to_string();
+    }
+    token::exact_scope(endpoint)
 }
 
 /// The parent's parameters that children inherit: everything except the destination, credentials,
@@ -668,9 +676,23 @@ mod tests {
         let exp = opened.scope.exp.unwrap();
         assert!(exp < 4_000_000_000 && exp > token::now());
         assert_eq!(opened.scope.ip.as_deref(), Some("1.2.3.4"));
-        assert_eq!(opened.scope.paths, Some(vec!["/proxy/hls/".to_string()]));
+        assert_eq!(
+            opened.scope.paths,
+            Some(vec![token::exact_scope("/proxy/hls/segment.ts")])
+        );
         assert_eq!(opened.params, params);
-        assert_eq!(family("/proxy/mpd/playlist.m3u8"), "/proxy/mpd/");
-        assert_eq!(family("/proxy/stream"), "/proxy/stream");
+        assert_eq!(
+            child_scope("/proxy/mpd/playlist.m3u8"),
+            token::exact_scope("/proxy/mpd/playlist.m3u8")
+        );
+        assert_eq!(child_scope("/proxy/stream"), "/proxy/stream");
+        assert_eq!(
+            child_scope("/proxy/mpd/out/$Number$/-/segment.mp4"),
+            "/proxy/mpd/out/"
+        );
+        assert_eq!(
+            child_scope("/proxy/mpd/out/-/$Time$/segment.mp4"),
+            "/proxy/mpd/out/-/"
+        );
     }
 }

@@ -9,7 +9,7 @@ use crate::body::Incoming;
 use futures_util::future::join_all;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use serde::{Deserialize, Serialize};
-use sluice_media::m3u::{self, Endpoint, Fetched, Limits, MergeError, ProxyTarget, Source};
+use sluice_media::m3u::{self, Fetched, Limits, MergeError, ProxyTarget, Source};
 use sluice_media::query::Query;
 
 use super::Media;
@@ -188,20 +188,19 @@ impl Linker {
         }
     }
 
-    /// With a password, a sealed token scoped to the entry's endpoint family. It has no expiry of
-    /// its own (players keep a channel list for days), but keeps the parent token's expiry and
-    /// address; it fixes every parameter, so a holder can fetch that one channel and nothing else.
+    /// With a password, a sealed token scoped to the entry's endpoint alone (its manifest: the
+    /// family would open `/proxy/hls/segment.ts`, which pipes the hidden source as written). It
+    /// has no expiry of its own (players keep a channel list for days), but keeps the parent
+    /// token's expiry and address; it fixes every parameter, so a holder can fetch that one
+    /// channel and nothing else.
     fn url(&self, target: &ProxyTarget) -> String {
         let path = target.endpoint.path();
         match &self.gate {
             Some(gate) => {
-                let family = match target.endpoint {
-                    Endpoint::Hls => "/proxy/hls/",
-                    Endpoint::Mpd => "/proxy/mpd/",
-                };
+                let scope = super::links::child_scope(path);
                 let t = gate.mint(
                     &target.params,
-                    &[family],
+                    &[&scope],
                     self.parent.as_ref(),
                     false,
                     self.now,
