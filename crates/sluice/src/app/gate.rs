@@ -71,35 +71,13 @@ impl App {
             // from a text); failing that, by its decoded bytes. An XC username has one spelling
             // per login (each `player_api.php` seals the account under a fresh nonce), so it
             // counts by the account and limits it grants; one that does not open is refused by
-            // the XC handler, and counts by its text meanwhile. Another sealed token counts by
-            // its grant (params, scope, expiry, address; tagged `s`): a `/playlist/playlist`
-            // fetch seals every entry again under a fresh nonce, a new spelling of each. One that
-            // expires (every manifest's child does) counts per client network as well: children
-            // are minted per viewer network (`auth::reuse`), and two viewers' children minted in
-            // the same second have one grant.
+            // the XC handler, and counts by its text meanwhile. Another sealed token has one
+            // spelling. (A `/playlist/playlist` fetch seals its entries again under fresh nonces,
+            // each a share of its own: keying entries by their grant alone made every viewer of
+            // a channel share one, the lockout children are minted per viewer to avoid.)
             let bytes = match (sluice_media::token::sealed::is_sealed(&raw), is_xc) {
                 (true, true) => self.xtream_key(ctx, &raw),
-                (true, false) => self
-                    .keys
-                    .tokens()
-                    .and_then(|gate| {
-                        gate.open(&raw, ctx.client_ip, crate::auth::token::now())
-                            .ok()
-                    })
-                    .map(|o| {
-                        let paths = o.scope.paths.unwrap_or_default();
-                        let grant = crate::auth::reuse::grant_bytes(
-                            &o.params,
-                            &paths,
-                            o.scope.exp,
-                            o.scope.ip.as_deref(),
-                        );
-                        let net = o
-                            .scope
-                            .exp
-                            .map(|_| crate::net::per_ip::network_of(ctx.client_ip).to_string());
-                        [b"s".as_slice(), &grant, net.unwrap_or_default().as_bytes()].concat()
-                    }),
+                (true, false) => None,
                 (false, _) => mediaflow_key(claims, &raw),
             }
             .unwrap_or_else(|| [b"t".as_slice(), raw.as_bytes()].concat());
