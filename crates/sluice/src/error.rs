@@ -168,7 +168,14 @@ impl ProxyError {
     /// At most one warning a second ([`FAILURE_WARNINGS`]), the others at debug: a token holder
     /// asking for streams that do not exist makes one per request, at whatever rate it sends.
     pub fn unnamed(self, upstream: &str) -> Self {
-        self.unnamed_limited(upstream, &FAILURE_WARNINGS)
+        // An origin's own error status (a provider's 404 for a stream id a client made up: as many
+        // as a client asks for) has a limit of its own, so it cannot hold back the first warning
+        // of an origin that fails.
+        let limit = match self.kind {
+            "upstream_status" => &STATUS_WARNINGS,
+            _ => &FAILURE_WARNINGS,
+        };
+        self.unnamed_limited(upstream, limit)
     }
 
     /// [`ProxyError::unnamed`], its warnings kept to what `limit` allows.
@@ -232,6 +239,9 @@ impl ProxyError {
 /// The "upstream request failed" warning of [`ProxyError::unnamed`], shared by every upstream
 /// and kind: at most one a second, the count of those held back in the next.
 static FAILURE_WARNINGS: WarnLimit = WarnLimit::new(1000);
+
+/// The same for an origin's error status (`upstream_status`).
+static STATUS_WARNINGS: WarnLimit = WarnLimit::new(1000);
 
 /// Left on error responses so the server can count them by side and kind.
 #[derive(Debug, Clone, Copy)]

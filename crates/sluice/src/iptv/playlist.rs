@@ -272,6 +272,9 @@ pub struct Playlist {
 /// Short enough that a provider coming up a little after sluice is seen within seconds.
 const FIRST_BACKOFF: Duration = Duration::from_secs(10);
 
+/// The longest back-off while there is no copy to serve: every request is a 502 meanwhile.
+const NO_COPY_BACKOFF: Duration = Duration::from_secs(300);
+
 /// At most one warning a minute about failed fetches; the next says how many were not.
 static FETCH_WARNINGS: crate::logging::WarnLimit = crate::logging::WarnLimit::new(60_000);
 
@@ -326,8 +329,14 @@ impl State {
             }
             Err(error) => error,
         };
+        // Doubling up to the refresh interval; with no copy to serve meanwhile, to at most
+        // `NO_COPY_BACKOFF` (a provider down at start would otherwise be tried again an hour on).
+        let most = match self.copy {
+            Some(_) => refresh.max(FIRST_BACKOFF),
+            None => refresh.max(FIRST_BACKOFF).min(NO_COPY_BACKOFF),
+        };
         let backoff = match &self.failure {
-            Some(f) => f.backoff.saturating_mul(2).min(refresh.max(FIRST_BACKOFF)),
+            Some(f) => f.backoff.saturating_mul(2).min(most),
             None => FIRST_BACKOFF,
         };
         self.until = Some(later(now, backoff));
@@ -661,5 +670,17 @@ http://gw/_token_[=/udp/239.1.1.1:5000|starttime=1]/udp/239.1.1.1:5000\n";
         assert_eq!(p.get().await.unwrap(), "v2", "the second back-off is 20 s");
         tokio::time::advance(step).await;
         assert_eq!(p.get().await.unwrap(), "v3");
+
+        // No copy and a refresh of an hour: the back-off stops at 300 s (every request is a
+        // 502 meanwhile), where it doubled to the hour.
+        std::fs::remove_file(&path).unwrap();
+        let p = list(&upstream, 3600);
+        for _ in 0..8 {
+            assert!(p.get().await.is_err());
+            tokio::time::advance(Duration::from_secs(301)).await;
+        }
+        std::fs::write(&path, "v4").unwrap();
+        tokio::time::advance(Duration::from_secs(301)).await;
+        assert_eq!(p.get().await.unwrap(), "v4", "tried again within 300 s");
     }
 }

@@ -637,7 +637,15 @@ fn check(method: &'static str, m: &Message) -> Result<(), SessionError> {
 
 /// A redirect's host, port and URL (credentials removed).
 fn redirect_target(location: &str) -> Result<(String, u16, String), SessionError> {
-    let bad = || SessionError::BadRedirect(location.chars().take(128).collect());
+    // Masked before it is cut (a cut user info would not be seen as one): it is logged.
+    let bad = || {
+        SessionError::BadRedirect(
+            crate::redact::mask_url(location)
+                .chars()
+                .take(128)
+                .collect(),
+        )
+    };
     // The path goes into the next server's request line as given: a bare CR (which ends no
     // header line here) or a space there would end that line early and start a header or a
     // request of the redirecting server's choosing.
