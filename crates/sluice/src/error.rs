@@ -172,7 +172,7 @@ impl ProxyError {
         // as a client asks for) has a limit of its own, so it cannot hold back the first warning
         // of an origin that fails.
         let limit = match self.kind {
-            "upstream_status" => &STATUS_WARNINGS,
+            "upstream_status" if self.status.is_client_error() => &STATUS_WARNINGS,
             _ => &FAILURE_WARNINGS,
         };
         self.unnamed_limited(upstream, limit)

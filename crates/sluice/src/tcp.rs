@@ -169,6 +169,13 @@ impl TcpProxy {
                     // Its own sessions: one from another listener (another certificate) must not
                     // resume here.
                     crate::server::tls::resume::enable_apart(&mut server, &identity);
+                    // Counted as this proxy's at once: a reload that never commits leaves it to
+                    // the next commit to let go of (`forget_apart`).
+                    let mut mine = self.identities.lock().unwrap_or_else(|e| e.into_inner());
+                    if !mine.contains(&identity) {
+                        mine.push(identity.clone());
+                    }
+                    drop(mine);
                     identities.push(identity);
                     Some(TlsAcceptor::from(Arc::new(server)))
                 }

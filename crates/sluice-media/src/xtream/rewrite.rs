@@ -164,10 +164,28 @@ impl Rewriter<'_> {
                 let whole = |hit: usize| {
                     let before = hit.checked_sub(1).map(|i| u[i]);
                     let after = u.get(hit + needle.len()).copied();
-                    matches!(before, Some(b'/' | b'='))
+                    // Percent-encoded separators (`%2F`, `%3D`, `%3A`) count too: a nested URL.
+                    let encoded = hit >= 3
+                        && u[hit - 3] == b'%'
+                        && matches!(
+                            u[hit - 2..hit].to_ascii_uppercase().as_slice(),
+                            b"2F" | b"3D" | b"3A"
+                        );
+                    (matches!(before, Some(b'/' | b'=' | b':')) || encoded)
                         && matches!(
                             after,
-                            None | Some(b'/' | b'&' | b',' | b'|' | b'\\' | b'?' | b'#')
+                            None | Some(
+                                b'/' | b'&'
+                                    | b','
+                                    | b'|'
+                                    | b'\\'
+                                    | b'?'
+                                    | b'#'
+                                    | b':'
+                                    | b'@'
+                                    | b';'
+                                    | b'%'
+                            )
                         )
                 };
                 let mut hits = memchr::memmem::find_iter(u, needle.as_bytes())
@@ -895,6 +913,19 @@ mod tests {
             .join(",");
         let out = R.rewrite_text(&format!("{other}\n"));
         assert!(out.ends_with("/img/alicescope.png?x=malice\n"), "{out}");
+        // A nested URL written percent-encoded, and user info: the name goes all the same.
+        for last in [
+            "http://cdn.example/p?src=http%3A%2F%2Fxc%2Flive%2Falice%2Fpw%2F1.ts",
+            "http://cdn.example/p?src=rtmp://alice:pw@xc/live",
+        ] {
+            let run = (1..13)
+                .map(|i| format!("http://cdn.example/logo/{i}.png"))
+                .chain([last.to_string()])
+                .collect::<Vec<_>>()
+                .join(",");
+            let out = R.rewrite_text(&format!("{run}\n"));
+            assert!(!out.contains("alice"), "{out}");
+        }
     }
 
     /// A short-form URL followed by more of its run ends at `,`, `|` or a backslash (a JSON
