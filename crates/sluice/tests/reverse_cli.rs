@@ -745,31 +745,11 @@ fn a_reload_while_draining_binds_no_listener() {
 
     std::fs::write(&file, text(&[&relay, &added])).unwrap();
     unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let outcome = loop {
-        if let Ok(text) = std::fs::read_to_string(&report) {
-            break text;
-        }
-        assert!(Instant::now() < deadline, "no reload outcome written");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(
-        outcome.contains("\"reloaded\":false") && outcome.contains("draining"),
-        "{outcome}"
-    );
-    let err = std::net::TcpStream::connect(&added).unwrap_err();
-    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    refused_as_draining(&report, &added);
 
     // The last connection closes: the drain ends, and so does the process.
     drop(held);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "sluice did not exit after the drain"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    exits_after_the_drain(&mut child);
 }
 
 /// SIGTERM while a SIGHUP reload is stuck reading its file (a config on a hung NFS mount, here a
@@ -887,9 +867,25 @@ fn a_reload_stuck_on_its_file_does_not_hold_the_drain() {
         .write_all(text(&[&relay, &added]).as_bytes())
         .unwrap();
     drop(writer);
+    refused_as_draining(&report, &added);
+
+    drop(held);
+    exits_after_the_drain(&mut child);
+    // Every notification the process sent is queued: none after STOPPING says it serves.
+    notify.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 1024];
+    while let Ok(n) = notify.recv(&mut buf) {
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(!text.contains("READY=1"), "after STOPPING: {text:?}");
+    }
+}
+
+/// The reload outcome written beside the pid file says the reload was refused while draining,
+/// and the listener it would have added at `added` is not bound.
+fn refused_as_draining(report: &std::path::Path, added: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     let outcome = loop {
-        if let Ok(text) = std::fs::read_to_string(&report) {
+        if let Ok(text) = std::fs::read_to_string(report) {
             break text;
         }
         assert!(Instant::now() < deadline, "no reload outcome written");
@@ -899,10 +895,12 @@ fn a_reload_stuck_on_its_file_does_not_hold_the_drain() {
         outcome.contains("\"reloaded\":false") && outcome.contains("draining"),
         "{outcome}"
     );
-    let err = std::net::TcpStream::connect(&added).unwrap_err();
+    let err = std::net::TcpStream::connect(added).unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+}
 
-    drop(held);
+/// Waits (at most 20 s) for `child` to exit once its drain has nothing left to wait for.
+fn exits_after_the_drain(child: &mut std::process::Child) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while child.try_wait().unwrap().is_none() {
         assert!(
@@ -910,12 +908,5 @@ fn a_reload_stuck_on_its_file_does_not_hold_the_drain() {
             "sluice did not exit after the drain"
         );
         std::thread::sleep(Duration::from_millis(50));
-    }
-    // Every notification the process sent is queued: none after STOPPING says it serves.
-    notify.set_nonblocking(true).unwrap();
-    let mut buf = [0u8; 1024];
-    while let Ok(n) = notify.recv(&mut buf) {
-        let text = String::from_utf8_lossy(&buf[..n]);
-        assert!(!text.contains("READY=1"), "after STOPPING: {text:?}");
     }
 }

@@ -2342,10 +2342,23 @@ mod tests {
         std::sync::mpsc::Receiver<()>,
         std::sync::mpsc::Sender<()>,
     ) {
+        a_slice_read_within(dir, Duration::from_secs(60)).await
+    }
+
+    /// [`a_slice_read_through`] with a read timeout of `read_timeout`.
+    async fn a_slice_read_within(
+        dir: &Path,
+        read_timeout: Duration,
+    ) -> (
+        Arc<DiskTier>,
+        Arc<AtomicUsize>,
+        std::sync::mpsc::Receiver<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
         let (tier, _) = DiskTier::open(
             dir,
             DiskOptions {
-                read_timeout: Duration::from_secs(60),
+                read_timeout,
                 ..opts(1 << 20)
             },
         )
@@ -2369,24 +2382,8 @@ mod tests {
     #[tokio::test]
     async fn a_read_hung_past_its_timeout_is_not_waited_on_again() {
         let dir = tempfile::tempdir().unwrap();
-        let (tier, _) = DiskTier::open(
-            dir.path(),
-            DiskOptions {
-                read_timeout: Duration::from_millis(200),
-                ..opts(1 << 20)
-            },
-        )
-        .unwrap();
-        tier.write_slice(key(0), Slice::new(vec![Bytes::from(vec![1u8; 100])]), None)
-            .await;
-        assert!(tier.flush(Duration::from_secs(10)).await);
-        let started = Arc::new(AtomicUsize::new(0));
-        let (hook, entered, release) = hang();
-        let s = started.clone();
-        *tier.hooks.read.lock().unwrap() = Some(Arc::new(move || {
-            s.fetch_add(1, Ordering::SeqCst);
-            hook();
-        }));
+        let (tier, started, entered, release) =
+            a_slice_read_within(dir.path(), Duration::from_millis(200)).await;
         // The first reader starts the read, which hangs, and gives up at its timeout.
         assert!(tier.read(key(0)).await.is_none());
         until_entered(&entered).await;

@@ -1497,11 +1497,8 @@ mod tests {
         assert!(!e.message.contains("app") && !e.message.contains("a.test"));
     }
 
-    /// The attempt loop books a local failure on no server and tries no other (it would fail
-    /// the same way); a server's refusal, for contrast, is booked and the next server tried.
-    #[tokio::test]
-    async fn the_attempt_loop_books_a_local_failure_on_no_server() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
+    /// A route to group `app` of two servers, each ejected at its first booked failure.
+    fn two_servers() -> (Arc<crate::upstream::group::Group>, Arc<Route>) {
         let config: crate::upstream::group::GroupConfig = toml::from_str(
             "name = \"app\"\nservers = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nmax_fails = 1\n",
         )
@@ -1521,6 +1518,15 @@ mod tests {
             )
             .unwrap(),
         );
+        (group, route)
+    }
+
+    /// The attempt loop books a local failure on no server and tries no other (it would fail
+    /// the same way); a server's refusal, for contrast, is booked and the next server tried.
+    #[tokio::test]
+    async fn the_attempt_loop_books_a_local_failure_on_no_server() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (group, route) = two_servers();
         let budget = super::super::budget::RetryBudget::new(100, 100);
         let run = |code: i32| {
             let (route, budget, tried) = (&route, &budget, AtomicUsize::new(0));
@@ -1567,25 +1573,7 @@ mod tests {
     #[tokio::test]
     async fn no_local_address_toward_one_server_tries_the_next() {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        let config: crate::upstream::group::GroupConfig = toml::from_str(
-            "name = \"app\"\nservers = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\nmax_fails = 1\n",
-        )
-        .unwrap();
-        let group = Arc::new(crate::upstream::group::Group::new(&config).unwrap());
-        let metrics = super::super::metrics::ReverseMetrics::new(
-            &mut prometheus_client::registry::Registry::default(),
-        );
-        let route = Arc::new(
-            Route::new(
-                &route("/", false, None),
-                Arc::clone(&group),
-                &super::super::ReverseConfig::default(),
-                None,
-                1,
-                &metrics,
-            )
-            .unwrap(),
-        );
+        let (group, route) = two_servers();
         let budget = super::super::budget::RetryBudget::new(100, 100);
         for _ in 0..4 {
             let tried = AtomicUsize::new(0);
