@@ -728,6 +728,244 @@ async fn an_mpegurl_content_type_makes_a_playlist() {
     assert_eq!(r.body.unwrap(), body.as_bytes());
 }
 
+// === playlists told by their first bytes ===
+
+/// A media playlist whose segment URLs carry the origin's tokens.
+const TOKENED: &str = "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n\
+#EXT-X-MEDIA-SEQUENCE:7\n#EXTINF:2.0,\nseg7.ts?token=SECRET7\n#EXTINF:2.0,\n\
+/abs/seg8.ts?token=SECRET8\n#EXT-X-ENDLIST\n";
+
+/// What `chunked_origin` sends for a path: its Content-Type, its body in chunks (each written on
+/// its own, a moment after the last, so each reaches sluice as its own read), and whether the body
+/// then stays open without another byte.
+struct Chunks {
+    content_type: &'static str,
+    chunks: Vec<Bytes>,
+    hold: bool,
+}
+
+fn sniff_bodies(path: &str) -> Option<Chunks> {
+    let binary = pattern(200_000);
+    let split = |chunks: &[&[u8]]| {
+        chunks
+            .iter()
+            .map(|c| Bytes::copy_from_slice(c))
+            .collect::<Vec<_>>()
+    };
+    let (content_type, chunks, hold) = match path {
+        // A playlist as text/plain, its magic split over two reads.
+        "/text/live" => (
+            "text/plain",
+            split(&[b"#EX", &TOKENED.as_bytes()[3..]]),
+            false,
+        ),
+        // ... behind a BOM (itself split) and whitespace.
+        "/text/bom" => (
+            "text/plain; charset=utf-8",
+            split(&[b"\xEF\xBB", b"\xBF\r\n ", TOKENED.as_bytes()]),
+            false,
+        ),
+        "/text/octets" => (
+            "application/octet-stream",
+            split(&[TOKENED.as_bytes()]),
+            false,
+        ),
+        // Not playlists: a first read that is a prefix of the magic, then something else.
+        "/bin/magic-prefix" => (
+            "application/octet-stream",
+            split(&[b"#EXTM", b"X", &binary[..100_000], &binary[100_000..]]),
+            false,
+        ),
+        "/bin/ext" => (
+            "application/octet-stream",
+            split(&[b"#EXT", b"-X-NOT-A-PLAYLIST\n", &binary[..50_000]]),
+            false,
+        ),
+        // The whole body is shorter than the magic.
+        "/bin/short" => ("text/plain", split(&[b"#EXT"]), false),
+        "/bin/empty" => ("text/plain", Vec::new(), false),
+        "/bin/partial-bom" => (
+            "application/octet-stream",
+            split(&[b"\xEF", b"\xBB\xBF", b"\x47\x40", &binary[..20_000]]),
+            false,
+        ),
+        // The magic only after the sniffed bytes: whitespace fills them.
+        "/bin/late-magic" => {
+            let mut body = vec![b' '; 1500];
+            body.extend_from_slice(TOKENED.as_bytes());
+            ("text/plain", split(&[&body[..700], &body[700..]]), false)
+        }
+        "/bin/plain" => (
+            "video/mp2t",
+            binary
+                .chunks(16 * 1024)
+                .map(Bytes::copy_from_slice)
+                .collect(),
+            false,
+        ),
+        // One read of a live stream, then nothing for as long as the client waits.
+        "/bin/hold" => ("video/mp2t", split(&[&binary[..188]]), true),
+        // A head and never a byte of body.
+        "/stall" => ("text/plain", Vec::new(), true),
+        _ => return None,
+    };
+    Some(Chunks {
+        content_type,
+        chunks,
+        hold,
+    })
+}
+
+/// Serves [`sniff_bodies`]; a `Range: bytes=a-b` gets those bytes of the body as a 206.
+async fn chunked_origin() -> SocketAddr {
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| async move {
+                    let Some(mut body) = sniff_bodies(req.uri().path()) else {
+                        let empty = Full::new(Bytes::new()).map_err(|n| match n {}).boxed();
+                        return Ok::<_, Infallible>(
+                            Response::builder().status(404).body(empty).unwrap(),
+                        );
+                    };
+                    let range = req
+                        .headers()
+                        .get("range")
+                        .and_then(|v| v.to_str().ok()?.strip_prefix("bytes="))
+                        .and_then(|r| r.split_once('-'))
+                        .and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse().ok()?)));
+                    let mut builder = Response::builder().header("content-type", body.content_type);
+                    if let Some((a, b)) = range {
+                        let whole = body.chunks.concat();
+                        builder = builder
+                            .status(206)
+                            .header("content-range", format!("bytes {a}-{b}/{}", whole.len()));
+                        body.chunks = vec![Bytes::copy_from_slice(&whole[a..=b])];
+                    }
+                    let frames = futures_util::stream::unfold(
+                        (body.chunks.into_iter(), body.hold),
+                        |(mut chunks, hold)| async move {
+                            match chunks.next() {
+                                Some(chunk) => {
+                                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                                    Some((Ok::<_, Infallible>(Frame::data(chunk)), (chunks, hold)))
+                                }
+                                None if hold => futures_util::future::pending().await,
+                                None => None,
+                            }
+                        },
+                    );
+                    Ok(builder.body(StreamBody::new(frames).boxed()).unwrap())
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A playlist that neither its URL nor its Content-Type names is told by its first bytes and
+/// rewritten: no segment URL (nor the origin's token in it) reaches the player raw.
+#[tokio::test]
+async fn a_playlist_served_as_text_is_sniffed_and_rewritten() {
+    let origin = chunked_origin().await;
+    let s = Sluice::start(test_config()).await;
+    let at = |p: &str| format!("http://{origin}{p}");
+    let want = |dir: &str| {
+        map_uris(TOKENED, |uri| {
+            let seg = match uri.starts_with('/') {
+                true => at(uri),
+                false => at(&format!("/{dir}/{uri}")),
+            };
+            child(&s, "/proxy/hls/segment.ts", &seg, "")
+        })
+    };
+    for path in ["/text/live", "/text/octets"] {
+        let r = get(&manifest_url(&s, &at(path), "")).await;
+        let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert_eq!(r.status, 200, "{path}: {body}");
+        assert_eq!(r.headers["content-type"], "application/vnd.apple.mpegurl");
+        assert_eq!(body, want("text"), "{path}");
+        assert!(!body.contains("?token=SECRET"), "{path}: {body}");
+    }
+    let bom = text(&manifest_url(&s, &at("/text/bom"), "")).await;
+    assert_eq!(uri_lines(&bom), uri_lines(&want("text")), "{bom}");
+    // A ranged GET: the whole playlist fetched and rewritten, as for `mpegurl`.
+    let url = manifest_url(&s, &at("/text/live"), "");
+    let r = request("GET", &url, &[("range", "bytes=0-9")]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body.unwrap(), want("text").as_bytes());
+    // The size cap holds for the bytes read to tell too.
+    let small = with_config(|c| c.media.max_manifest_bytes = 64).await;
+    let r = get(&manifest_url(&small, &at("/text/live"), "")).await;
+    assert_eq!(r.status, 502);
+    let json: serde_json::Value = serde_json::from_slice(&r.body.unwrap()).unwrap();
+    assert_eq!(json["kind"], "playlist_too_large", "{json}");
+}
+
+/// Bodies that are no playlist stream through byte for byte, whatever the first reads hold: a
+/// prefix of `#EXTM3U`, `#EXT` and no more, a split BOM, the magic past the sniffed bytes.
+#[tokio::test]
+async fn non_playlists_stream_through_byte_exact_after_the_sniff() {
+    let origin = chunked_origin().await;
+    let s = Sluice::start(test_config()).await;
+    for path in [
+        "/bin/magic-prefix",
+        "/bin/ext",
+        "/bin/short",
+        "/bin/empty",
+        "/bin/partial-bom",
+        "/bin/late-magic",
+        "/bin/plain",
+    ] {
+        let want = sniff_bodies(path).unwrap();
+        let whole = want.chunks.concat();
+        let r = get(&manifest_url(&s, &format!("http://{origin}{path}"), "")).await;
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.headers["content-type"], want.content_type, "{path}");
+        let body = r.body.unwrap();
+        assert_eq!(body.len(), whole.len(), "{path}");
+        assert_eq!(sha256(&body), sha256(&whole), "{path}");
+    }
+}
+
+/// A live stream is passed on once its first read tells it is no playlist, not when it ends; an
+/// origin that sends a head and no body is a 504 once the idle read timeout passes, not a hang.
+#[tokio::test]
+async fn the_sniff_neither_waits_for_the_end_nor_hangs() {
+    use http_body_util::BodyExt;
+    let origin = chunked_origin().await;
+    let s = Sluice::start(test_config()).await;
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let url = manifest_url(&s, &format!("http://{origin}/bin/hold"), "");
+    // Bounded only so a regression fails instead of hanging the run.
+    let bound = std::time::Duration::from_secs(60);
+    let resp = tokio::time::timeout(bound, client.get(url.parse().unwrap()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(bound, body.frame())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.into_data().unwrap(), pattern(200_000)[..188]);
+    let url = manifest_url(&s, &format!("http://{origin}/stall"), "");
+    let r = tokio::time::timeout(bound, get(&url)).await.unwrap();
+    assert_eq!(r.status, 504);
+    let json: serde_json::Value = serde_json::from_slice(&r.body.unwrap()).unwrap();
+    assert_eq!(json["kind"], "upstream_body", "{json}");
+}
+
 // === HEAD, segments, auth ===
 
 #[tokio::test]

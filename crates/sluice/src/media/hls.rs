@@ -2,8 +2,11 @@
 //! segments, keys and init sections piped like `/proxy/stream`.
 //!
 //! A manifest request is a playlist when MediaFlow would call it one: the URL says so
-//! (`.m3u8`, `.m3u`, `.m3u_plus`, `type=m3u*`), `force_playlist_proxy` is set, or the upstream
-//! Content-Type contains `mpegurl`. Anything else streams through untouched.
+//! (`.m3u8`, `.m3u`, `.m3u_plus`, `type=m3u*`), `force_playlist_proxy` is set, the upstream
+//! Content-Type contains `mpegurl`, or, failing all of these, the body starts with `#EXTM3U` (a
+//! playlist served as `text/plain` from a URL without `.m3u8`: passed on raw, its segment URLs,
+//! tokens and all, would send the player straight to the origin). Anything else streams through
+//! untouched, the bytes read to tell put back in front.
 
 pub mod blocking;
 pub mod options;
@@ -150,35 +153,297 @@ async fn manifest(
         return blocking::serve(media, req.method() == Method::HEAD, ctx, &opts, &params, &d).await;
     }
     let by_url = opts.force_playlist || rewriter::is_playlist_url(&params.destination);
-    let up = if by_url {
-        send(media, stream::fetch_request(&params)?).await?
+    let head = req.method() == Method::HEAD;
+    let fetched = if by_url {
+        Fetched::Whole(send(media, stream::fetch_request(&params)?).await?)
     } else {
         let up = send(media, stream::upstream_request(req, &params)?).await?;
-        if !says_playlist(&up.headers) {
+        let (status, fetched) = if says_playlist(&up.headers) {
+            (up.status, Fetched::Whole(up))
+        } else if head || !up.status.is_success() {
+            // No body to tell by (HEAD), or an error page: passed on as it is.
             return stream::respond(up, &params, None);
-        }
-        if up.status == StatusCode::PARTIAL_CONTENT || req.method() == Method::HEAD {
-            // A part of a playlist, or none of it: fetch the whole one to rewrite.
-            drop(up);
-            send(media, stream::fetch_request(&params)?).await?
         } else {
-            up
+            let deadline = Deadline::after(media.upstream.whole_body_timeout());
+            let host = up.final_url.host_str().unwrap_or("").to_string();
+            let peeked = Peeked::read(up, deadline)
+                .await
+                .map_err(|e| body_error(&host, e))?;
+            if !peeked.playlist {
+                return peeked.respond(&params);
+            }
+            (peeked.status, Fetched::Peeked(peeked, deadline))
+        };
+        if status == StatusCode::PARTIAL_CONTENT || head {
+            // A part of a playlist, or none of it: fetch the whole one to rewrite.
+            drop(fetched);
+            Fetched::Whole(send(media, stream::fetch_request(&params)?).await?)
+        } else {
+            fetched
         }
     };
-    let text = match playlist_text(
-        up,
+    let (limit, graceful) = (
         media.settings.max_manifest_bytes,
         media.settings.graceful_stream_end,
-    )
-    .await?
-    {
-        Some((text, base)) => {
-            let head = req.method() == Method::HEAD;
-            rewrite(media, ctx, &opts, text, base, head).await?
+    );
+    let got = match fetched {
+        Fetched::Whole(up) => playlist_text(up, limit, graceful).await?,
+        Fetched::Peeked(peeked, deadline) => {
+            peeked.playlist_text(limit, graceful, deadline).await?
         }
+    };
+    let text = match got {
+        Some((text, base)) => rewrite(media, ctx, &opts, text, base, head).await?,
         None => rewriter::graceful_end_playlist().to_string(),
     };
-    playlist_response(text, req.method() == Method::HEAD, &params)
+    playlist_response(text, head, &params)
+}
+
+/// A manifest answer taken for a playlist: as it came, or with its first bytes already read to
+/// tell (and the deadline its whole body must arrive by).
+enum Fetched {
+    Whole(UpstreamResponse),
+    Peeked(Peeked, Deadline),
+}
+
+/// When a body read whole must have ended (`upstream.whole_body_timeout_secs` from its head).
+#[derive(Clone, Copy)]
+struct Deadline {
+    at: tokio::time::Instant,
+    secs: u64,
+}
+
+impl Deadline {
+    fn after(whole: std::time::Duration) -> Self {
+        Deadline {
+            at: tokio::time::Instant::now() + whole,
+            secs: whole.as_secs(),
+        }
+    }
+
+    fn error(self, host: &str) -> CollectError {
+        CollectError::Body(crate::upstream::UpstreamBodyError::Deadline {
+            host: host.to_string(),
+            secs: self.secs,
+        })
+    }
+}
+
+/// A body that could not be read far enough to tell what it is: `504` when the origin was too
+/// slow, else `502`, both the origin's fault.
+fn body_error(host: &str, e: CollectError) -> ProxyError {
+    use crate::upstream::UpstreamBodyError;
+    let status = match &e {
+        CollectError::Body(UpstreamBodyError::Idle { .. } | UpstreamBodyError::Deadline { .. }) => {
+            StatusCode::GATEWAY_TIMEOUT
+        }
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    let mut err = ProxyError::new(Side::Upstream, status, "upstream_body", e.to_string());
+    err.upstream = Some(host.to_string());
+    err
+}
+
+/// Whether `start`, the first bytes of a body (at most [`SNIFF_BYTES`]), begins a playlist:
+/// `#EXTM3U` after an optional UTF-8 BOM and whitespace. `None`: too few bytes to tell yet
+/// (`ended`: the body has no more).
+fn starts_playlist(start: &[u8], ended: bool) -> Option<bool> {
+    const BOM: &[u8] = b"\xEF\xBB\xBF";
+    const MAGIC: &[u8] = b"#EXTM3U";
+    let undecided = !ended && start.len() < SNIFF_BYTES;
+    if undecided && start.len() < BOM.len() && BOM.starts_with(start) {
+        return None;
+    }
+    let text = start.strip_prefix(BOM).unwrap_or(start);
+    let text = match text.iter().position(|b| !b.is_ascii_whitespace()) {
+        Some(at) => &text[at..],
+        None => &[],
+    };
+    if text.len() >= MAGIC.len() {
+        return Some(text.starts_with(MAGIC));
+    }
+    match undecided && MAGIC.starts_with(text) {
+        true => None,
+        false => Some(false),
+    }
+}
+
+/// The frames read to tell, then the rest of the upstream body.
+struct Replay {
+    frames: std::collections::VecDeque<http_body::Frame<bytes::Bytes>>,
+    rest: Option<std::pin::Pin<Box<crate::upstream::UpstreamBody>>>,
+}
+
+impl http_body::Body for Replay {
+    type Data = bytes::Bytes;
+    type Error = crate::upstream::UpstreamBodyError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.frames.pop_front() {
+            return std::task::Poll::Ready(Some(Ok(frame)));
+        }
+        match this.rest.as_mut() {
+            Some(rest) => rest.as_mut().poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let read: u64 = self
+            .frames
+            .iter()
+            .filter_map(|f| f.data_ref())
+            .map(|d| d.len() as u64)
+            .sum();
+        let Some(rest) = &self.rest else {
+            return http_body::SizeHint::with_exact(read);
+        };
+        let rest = rest.size_hint();
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(rest.lower() + read);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + read);
+        }
+        hint
+    }
+}
+
+/// At most this many bytes of a body that neither its URL nor its Content-Type calls a playlist
+/// are read to see whether it starts with `#EXTM3U` (after a UTF-8 BOM and whitespace): enough
+/// for any preamble a real playlist has, little enough to hold for every stream piped through.
+const SNIFF_BYTES: usize = 1024;
+
+/// An upstream answer whose first frames were read to tell a playlist from anything else.
+struct Peeked {
+    status: StatusCode,
+    headers: HeaderMap,
+    final_url: url::Url,
+    host: String,
+    /// The frames read, as they came (the last may run past [`SNIFF_BYTES`]).
+    frames: std::collections::VecDeque<http_body::Frame<bytes::Bytes>>,
+    /// The rest of the body; `None` once it has ended.
+    rest: Option<std::pin::Pin<Box<crate::upstream::UpstreamBody>>>,
+    /// The body starts with `#EXTM3U`.
+    playlist: bool,
+}
+
+impl Peeked {
+    /// Reads frames of `up` until its first bytes tell (or [`SNIFF_BYTES`] have come, or the body
+    /// ends). Each read keeps the body's idle timeout (`upstream.idle_read_timeout_secs`), and all
+    /// of them `deadline`: an origin that sends nothing, or a byte now and then, is a `504`.
+    async fn read(up: UpstreamResponse, deadline: Deadline) -> Result<Self, CollectError> {
+        use http_body_util::BodyExt;
+        let host = up.final_url.host_str().unwrap_or("").to_string();
+        let mut rest = Box::pin(up.body);
+        let mut frames = std::collections::VecDeque::new();
+        let mut start = Vec::new();
+        let (playlist, ended) = loop {
+            if let Some(playlist) = starts_playlist(&start, false) {
+                break (playlist, false);
+            }
+            let frame = tokio::time::timeout_at(deadline.at, rest.frame()).await;
+            match frame.map_err(|_| deadline.error(&host))? {
+                None => break (starts_playlist(&start, true).unwrap_or(false), true),
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        let take = data.len().min(SNIFF_BYTES - start.len());
+                        start.extend_from_slice(&data[..take]);
+                    }
+                    frames.push_back(frame);
+                }
+            }
+        };
+        Ok(Peeked {
+            status: up.status,
+            headers: up.headers,
+            final_url: up.final_url,
+            host,
+            frames,
+            rest: (!ended).then_some(rest),
+            playlist,
+        })
+    }
+
+    /// The answer as [`stream::respond`] gives it, the frames read first, byte for byte.
+    fn respond(self, params: &ProxyParams) -> Result<Response<Body>, ProxyError> {
+        let mut resp = Response::new(body::boxed(Replay {
+            frames: self.frames,
+            rest: self.rest,
+        }));
+        *resp.status_mut() = self.status;
+        let headers = resp.headers_mut();
+        stream::mirror_headers(&self.headers, headers);
+        stream::apply_params(params, headers)?;
+        Ok(resp)
+    }
+
+    /// [`playlist_text`] for a body whose first frames were read: the rest collected under the
+    /// same `limit` and by `deadline`.
+    async fn playlist_text(
+        self,
+        limit: usize,
+        graceful_stream_end: bool,
+        deadline: Deadline,
+    ) -> Result<Option<(String, url::Url)>, ProxyError> {
+        use http_body_util::BodyExt;
+        let Peeked {
+            status,
+            headers,
+            final_url,
+            host,
+            frames,
+            rest,
+            ..
+        } = self;
+        let collect = async move {
+            let mut out = Vec::new();
+            let mut push = |data: &[u8]| {
+                if out.len() + data.len() > limit {
+                    return Err(CollectError::TooLarge { limit });
+                }
+                out.extend_from_slice(data);
+                Ok(())
+            };
+            for frame in &frames {
+                if let Some(data) = frame.data_ref() {
+                    push(data)?;
+                }
+            }
+            if let Some(mut rest) = rest {
+                loop {
+                    let frame = tokio::time::timeout_at(deadline.at, rest.frame()).await;
+                    match frame.map_err(|_| deadline.error(&host))? {
+                        None => break,
+                        Some(Err(e)) => return Err(CollectError::Body(e)),
+                        Some(Ok(frame)) => {
+                            if let Some(data) = frame.data_ref() {
+                                push(data)?;
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(bytes::Bytes::from(out))
+        };
+        checked_playlist(
+            status,
+            &headers,
+            final_url,
+            limit,
+            graceful_stream_end,
+            collect,
+        )
+        .await
+    }
 }
 
 /// A playlist fetch: through the Acestream engine's client for a URL on the configured engine,
@@ -211,32 +476,56 @@ pub(super) async fn playlist_text(
     limit: usize,
     graceful_stream_end: bool,
 ) -> Result<Option<(String, url::Url)>, ProxyError> {
-    let host = up.final_url.host_str().unwrap_or("").to_string();
+    let UpstreamResponse {
+        status,
+        headers,
+        body,
+        final_url,
+    } = up;
+    let collect = body.collect_limited(limit);
+    checked_playlist(
+        status,
+        &headers,
+        final_url,
+        limit,
+        graceful_stream_end,
+        collect,
+    )
+    .await
+}
+
+/// [`playlist_text`] for an answer's head and its body, `collect` (awaited only on a success).
+async fn checked_playlist(
+    status: StatusCode,
+    headers: &HeaderMap,
+    final_url: url::Url,
+    limit: usize,
+    graceful_stream_end: bool,
+    collect: impl std::future::Future<Output = Result<bytes::Bytes, CollectError>>,
+) -> Result<Option<(String, url::Url)>, ProxyError> {
+    let host = final_url.host_str().unwrap_or("").to_string();
     let fail = |status: StatusCode, kind: &'static str, message: String| {
         let mut e = ProxyError::new(Side::Upstream, status, kind, message);
         e.upstream = Some(host.clone());
         e
     };
-    if up.status.is_client_error() || up.status.is_server_error() {
+    if status.is_client_error() || status.is_server_error() {
         return Err(fail(
-            up.status,
+            status,
             "upstream_status",
-            format!("upstream {host} answered {} for the playlist", up.status),
+            format!("upstream {host} answered {status} for the playlist"),
         ));
     }
-    if !up.status.is_success() {
+    if !status.is_success() {
         return Err(fail(
             StatusCode::BAD_GATEWAY,
             "upstream_status",
-            format!(
-                "upstream {host} answered {} instead of a playlist",
-                up.status
-            ),
+            format!("upstream {host} answered {status} instead of a playlist"),
         ));
     }
-    let html_type = content_type(&up.headers).contains("text/html");
-    let base = up.final_url.clone();
-    let bytes = up.body.collect_limited(limit).await.map_err(|e| match e {
+    let html_type = content_type(headers).contains("text/html");
+    let base = final_url;
+    let bytes = collect.await.map_err(|e| match e {
         CollectError::TooLarge { .. } => fail(
             StatusCode::BAD_GATEWAY,
             "playlist_too_large",
@@ -505,6 +794,32 @@ mod tests {
             text: text.to_string(),
             base: url::Url::parse("http://o/l.m3u8").unwrap(),
         }
+    }
+
+    #[test]
+    fn a_playlist_is_told_by_its_first_bytes() {
+        let cases: &[(&[u8], bool, Option<bool>)] = &[
+            (b"#EXTM3U\n", false, Some(true)),
+            (b"\xEF\xBB\xBF \r\n\t#EXTM3U", false, Some(true)),
+            // Too few bytes yet: empty, part of a BOM, whitespace, a prefix of the magic.
+            (b"", false, None),
+            (b"\xEF\xBB", false, None),
+            (b"\xEF\xBB\xBF  ", false, None),
+            (b"#EXTM", false, None),
+            // Told at once, or when the body ends.
+            (b"\x47\x40", false, Some(false)),
+            (b"#EXT-X-", false, Some(false)),
+            (b"#EXTM", true, Some(false)),
+            (b"", true, Some(false)),
+            (b"\xEF\xBB", true, Some(false)),
+            (b"#extm3u", false, Some(false)),
+        ];
+        for (start, ended, want) in cases {
+            assert_eq!(starts_playlist(start, *ended), *want, "{start:?} {ended}");
+        }
+        // Whitespace filling the sniffed bytes is no playlist, without waiting for more.
+        assert_eq!(starts_playlist(&[b' '; SNIFF_BYTES], false), Some(false));
+        assert_eq!(starts_playlist(&[b' '; SNIFF_BYTES - 1], false), None);
     }
 
     #[test]
