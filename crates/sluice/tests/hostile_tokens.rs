@@ -1377,6 +1377,15 @@ async fn merged_entry(s: &Sluice, origin: &TextOrigin) -> String {
 
 /// The entries of a merge of one list naming `targets`, fetched with the password.
 async fn merged_entries(s: &Sluice, targets: &[String]) -> Vec<String> {
+    merged_entries_as(s, targets, &[]).await
+}
+
+/// [`merged_entries`], the merge fetched with `headers`.
+async fn merged_entries_as(
+    s: &Sluice,
+    targets: &[String],
+    headers: &[(&str, &str)],
+) -> Vec<String> {
     let mut list = String::from("#EXTM3U\n");
     for (i, t) in targets.iter().enumerate() {
         list.push_str(&format!("#EXTINF:-1,Channel {i}\n{t}\n"));
@@ -1386,7 +1395,7 @@ async fn merged_entries(s: &Sluice, targets: &[String]) -> Vec<String> {
         "/playlist/playlist?d={}&api_password={PW}",
         enc(&lists)
     ));
-    let r = get(&url).await;
+    let r = request("GET", &url, headers).await;
     assert_eq!(r.status, 200);
     let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
     assert!(!text.contains(PW));
@@ -1419,4 +1428,59 @@ impl ListOrigin {
         });
         format!("http://{addr}/list.m3u")
     }
+}
+
+/// `/playlist/playlist` sealed every entry again under a fresh nonce per fetch, and a sealed
+/// token's in-flight share is keyed by its text: fetching the merge again gave each channel a new
+/// spelling with a new full share of `media.max_requests_per_token`. One client network now gets
+/// the same entry URLs at every fetch, so one share per channel; another network gets its own
+/// (one share for every viewer of a channel would let one viewer lock it).
+#[tokio::test]
+async fn a_merged_playlist_fetched_again_gives_the_same_entries_and_no_new_share() {
+    let origin = TextOrigin::start(&[("/v.m3u8", HIDDEN_VARIANT)]).await;
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    // Clients of a front proxy on this host: another network is another `X-Forwarded-For`.
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    config.media.prebuffer_segments = 0;
+    config.media.max_requests_per_token = 1;
+    let s = Sluice::start(config).await;
+    let targets = [origin.url("/once/v.m3u8"), origin.url("/v.m3u8")];
+    let first = merged_entries(&s, &targets).await;
+    let second = merged_entries(&s, &targets).await;
+    assert_eq!(
+        first, second,
+        "the merge fetched again changed its entry URLs"
+    );
+    // The entry's one place is held: its upstream request never ends.
+    let held = {
+        let url = first[0].clone();
+        tokio::spawn(async move { get(&url).await })
+    };
+    while origin.seen("/once/v.m3u8") == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The same channel from either fetch is past its share.
+    for (fetch, entry) in [("first", &first[0]), ("second", &second[0])] {
+        let r = get(entry).await;
+        assert_eq!(
+            r.status, 429,
+            "the {fetch} fetch's entry got a share of its own"
+        );
+        let body = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+        assert!(body.contains("max_requests_per_token"), "{body}");
+    }
+    assert_eq!(origin.seen("/once/v.m3u8"), 1);
+    // Another channel has its own share.
+    assert_eq!(get(&second[1]).await.status, 200);
+    // Another client network gets its own entries, with their own shares.
+    let elsewhere = [("x-forwarded-for", "10.77.0.1")];
+    let other = merged_entries_as(&s, &targets, &elsewhere).await;
+    assert_ne!(other[0], first[0]);
+    assert_eq!(merged_entries_as(&s, &targets, &elsewhere).await, other);
+    let r = request("GET", &other[0], &elsewhere).await;
+    assert_eq!(r.status, 200, "{:?}", r.body);
+    assert_eq!(origin.seen("/once/v.m3u8"), 2);
+    assert!(!held.is_finished());
+    held.abort();
 }

@@ -72,9 +72,10 @@ impl App {
             // per login (each `player_api.php` seals the account under a fresh nonce), so it
             // counts by the account and limits it grants; one that does not open is refused by
             // the XC handler, and counts by its text meanwhile. Another sealed token has one
-            // spelling. (A `/playlist/playlist` fetch seals its entries again under fresh nonces,
-            // each a share of its own: keying entries by their grant alone made every viewer of
-            // a channel share one, the lockout children are minted per viewer to avoid.)
+            // spelling: a `/playlist/playlist` fetch hands a client network the entries it was
+            // given before (`auth::reuse`), so fetching the merge again is no new share. (Keying
+            // entries by their grant alone made every viewer of a channel share one, the lockout
+            // children and entries are minted per viewer to avoid.)
             let bytes = match (sluice_media::token::sealed::is_sealed(&raw), is_xc) {
                 (true, true) => self.xtream_key(ctx, &raw),
                 (true, false) => None,

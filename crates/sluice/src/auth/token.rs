@@ -309,6 +309,26 @@ impl TokenGate {
                 (self.mint(params, paths, parent, true, now), exp)
             })
     }
+
+    /// [`TokenGate::mint`] of a token without an expiry of its own (a merged playlist's entry:
+    /// the parent's expiry and address), reusing the one this grant was last given for
+    /// `client`'s network while it is remembered and the parent has not expired
+    /// ([`super::reuse::Reuse::get_or_mint_lasting`]): fetching the merge again gives the same
+    /// entry URLs, so the same in-flight share of `media.max_requests_per_token` (counted by a
+    /// sealed token's text), not a new one per fetch.
+    pub fn mint_entry(
+        &self,
+        params: &[(String, String)],
+        paths: &[&str],
+        parent: Option<&TokenScope>,
+        client: IpAddr,
+        now: u64,
+    ) -> String {
+        self.reuse
+            .get_or_mint_lasting(params, paths, parent, client, now, || {
+                self.mint(params, paths, parent, false, now)
+            })
+    }
 }
 
 /// The query a token request is served with, or a refusal when the path is outside the token's

@@ -175,6 +175,8 @@ struct Linker {
     origin: String,
     gate: Option<Arc<TokenGate>>,
     parent: Option<TokenScope>,
+    /// The client's address: entries are reused per client network.
+    client: std::net::IpAddr,
     now: u64,
 }
 
@@ -184,6 +186,7 @@ impl Linker {
             origin: origin(ctx),
             gate: gate.cloned(),
             parent: ctx.token.clone(),
+            client: ctx.client_ip,
             now: token::now(),
         }
     }
@@ -193,16 +196,24 @@ impl Linker {
     /// has no expiry of its own (players keep a channel list for days), but keeps the parent
     /// token's expiry and address; it fixes every parameter, so a holder can fetch that one
     /// channel and nothing else.
+    ///
+    /// The token is the one this entry was last given for the client's network (an IPv4
+    /// address, an IPv6 /64), while remembered (`auth::reuse`, bounded) and while the parent's
+    /// expiry is the same (`TokenGate::mint_entry`): a sealed token's in-flight share
+    /// (`media.max_requests_per_token`) is keyed by its text, and a fresh nonce per fetch gave
+    /// every channel a new full share each time the merge was fetched again. Another network
+    /// gets its own token, so its own share: one viewer holding slow requests does not lock a
+    /// channel for every viewer.
     fn url(&self, target: &ProxyTarget) -> String {
         let path = target.endpoint.path();
         match &self.gate {
             Some(gate) => {
                 let scope = super::links::child_scope(path);
-                let t = gate.mint(
+                let t = gate.mint_entry(
                     &target.params,
                     &[&scope],
                     self.parent.as_ref(),
-                    false,
+                    self.client,
                     self.now,
                 );
                 format!("{}/_token_{t}{path}", self.origin)
