@@ -74,6 +74,12 @@ pub enum OriginError {
     Unreachable(String),
     #[error("origin timed out")]
     Timeout,
+    /// This process is out of its own resources (descriptors, memory, local ports) to reach the
+    /// origin with: not the origin's failure. Answered as the reverse path answers it (503
+    /// `local_resources`), counted as no origin error, and final for every request that waited
+    /// for the fetch (another writer would fail the same way).
+    #[error("out of local resources: {0}")]
+    Local(String),
 }
 
 /// A future of an origin response.

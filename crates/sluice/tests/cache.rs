@@ -417,12 +417,21 @@ async fn start_front_with(
     origin: SocketAddr,
     policy: sluice_http::freshness::FreshnessPolicy,
 ) -> Front {
-    let mut registry = Registry::with_prefix("sluice");
-    let cache = Cache::new(&cfg, None, &mut registry).unwrap();
     let origin: Arc<dyn Origin> = Arc::new(TestOrigin {
         client: Client::builder(TokioExecutor::new()).build_http(),
         addr: origin,
     });
+    start_front_on(cfg, origin, policy).await
+}
+
+/// [`start_front_with`] in front of an origin of the test's own.
+async fn start_front_on(
+    cfg: CacheConfig,
+    origin: Arc<dyn Origin>,
+    policy: sluice_http::freshness::FreshnessPolicy,
+) -> Front {
+    let mut registry = Registry::with_prefix("sluice");
+    let cache = Cache::new(&cfg, None, &mut registry).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let c = cache.clone();
@@ -2795,6 +2804,95 @@ async fn through_the_shared_upstream_client() {
         assert_eq!(sha256(&got), sha256(&bytes_of(1, 0, 150 * KIB - 1)));
     }
     assert_eq!(origin.count("/media/seg.ts"), 3);
+}
+
+/// An origin this process cannot ask for want of its own resources (the reverse path's
+/// `FetchError::Local`: EMFILE on the connect): each fetch is counted, waits for the gate, and
+/// fails `Local`.
+struct OutOfDescriptors {
+    asked: AtomicU64,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl Origin for OutOfDescriptors {
+    fn fetch(&self, _req: Request<()>) -> OriginFuture {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        let gate = self.gate.clone();
+        Box::pin(async move {
+            let _ = gate.acquire().await;
+            Err(OriginError::Local(
+                "upstream group \"app\": out of local resources: Too many open files".into(),
+            ))
+        })
+    }
+}
+
+/// Finding: the cache took every origin failure for the origin's, so a cached route answered
+/// sluice's own exhaustion (descriptors, memory) with a 502 `origin unavailable` booked to the
+/// origin, after each request that waited for the miss had elected two more writers. A miss
+/// whose fetch fails for local resources is now answered as the reverse path answers it (503
+/// `local_resources`, booked on this side, the same body and error mark), at once for every
+/// coalesced waiter, and counts no origin error; a request passed to the origin too.
+#[tokio::test]
+async fn a_miss_out_of_local_resources_is_a_503_for_every_waiter() {
+    const N: u64 = 8;
+    let origin = Arc::new(OutOfDescriptors {
+        asked: AtomicU64::new(0),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+    });
+    let cfg = config(64 * KIB);
+    let policy = cfg.policy().freshness();
+    let front = start_front_on(cfg, origin.clone(), policy.clone()).await;
+    let tasks: Vec<_> = (0..N)
+        .map(|_| {
+            let url = front.url("/local");
+            tokio::spawn(async move { request("GET", &url, &[]).await })
+        })
+        .collect();
+    // Every request follows the one fill before its fetch fails.
+    for _ in 0..1000 {
+        if metric(&front, "sluice_cache_coalesced_waiters_total") >= N - 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(origin.asked.load(Ordering::SeqCst), 1);
+    origin.gate.close();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", r.body);
+        let json: serde_json::Value = serde_json::from_slice(&body(&r)).unwrap();
+        assert_eq!(json["kind"], "local_resources", "{json}");
+        assert_eq!(json["side"], "internal", "{json}");
+        assert_eq!(json["error"], "the proxy is out of resources for now");
+        assert_eq!(r.headers["content-type"], "application/json");
+    }
+    // No waiter elected another writer: it would fail the same way.
+    assert_eq!(origin.asked.load(Ordering::SeqCst), 1);
+    assert_eq!(metric(&front, "sluice_cache_origin_errors_total"), 0);
+
+    // The error mark the server counts answers by, as on the reverse path; a request sent to
+    // the origin as it is (its honoured `no-store`) is answered the same.
+    for cc in [None, Some("no-store")] {
+        let mut req = Request::get("/local");
+        if let Some(cc) = cc {
+            req = req.header("cache-control", cc);
+        }
+        let (parts, ()) = req.body(()).unwrap().into_parts();
+        let key = CacheKey::new("test", &parts.uri);
+        let resp = front
+            .cache
+            .serve(&parts, &key, origin.clone(), &policy)
+            .await;
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE, "{cc:?}");
+        let mark = resp.extensions().get::<sluice::error::ErrorMark>();
+        assert_eq!(
+            mark.map(|m| (m.side.label(), m.kind)),
+            Some(("internal", "local_resources")),
+            "{cc:?}"
+        );
+    }
+    assert_eq!(metric(&front, "sluice_cache_origin_errors_total"), 0);
 }
 
 #[tokio::test]

@@ -26,6 +26,10 @@ pub enum FillEnd {
     Complete { last: bool },
     /// The origin failed; readers may elect a new writer and carry on from where they are.
     Failed(String),
+    /// This process was out of its own resources to ask the origin (`OriginError::Local`): a
+    /// miss waiting for the head answers 503 `local_resources` without electing another writer;
+    /// a body under way takes it as [`FillEnd::Failed`].
+    Local,
     /// The origin answered with another version of the object; it has been dropped.
     Mismatch,
     /// The answer is not cacheable: one reader takes the response, the others go to the origin.

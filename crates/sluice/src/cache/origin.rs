@@ -8,7 +8,8 @@ use http::{Request, Response};
 use url::Url;
 
 use super::{Origin, OriginError, OriginFuture};
-use crate::upstream::{Upstream, UpstreamError, UpstreamRequest};
+use crate::upstream::group::health::is_local_failure;
+use crate::upstream::{ConnectError, Upstream, UpstreamError, UpstreamRequest};
 
 /// Sends cache requests to `base` through `upstream`.
 pub struct UpstreamOrigin {
@@ -44,10 +45,7 @@ impl Origin for UpstreamOrigin {
         };
         let upstream = self.upstream.clone();
         Box::pin(async move {
-            let resp = upstream.send(request).await.map_err(|e| match e {
-                UpstreamError::HeaderTimeout { .. } => OriginError::Timeout,
-                other => OriginError::Unreachable(other.to_string()),
-            })?;
+            let resp = upstream.send(request).await.map_err(origin_error)?;
             let mut out = Response::new(crate::body::boxed(resp.body));
             *out.status_mut() = resp.status;
             *out.headers_mut() = resp.headers;
@@ -56,9 +54,64 @@ impl Origin for UpstreamOrigin {
     }
 }
 
+/// A failure of the shared client as the cache books it: a timeout, this side's own shortage
+/// (descriptors, memory, local ports, on the connect or on the lookup of the origin's name: as
+/// the reverse path's `connect_failure` tells it apart), or the origin unreachable.
+pub fn origin_error(e: UpstreamError) -> OriginError {
+    match e {
+        UpstreamError::HeaderTimeout { .. } => OriginError::Timeout,
+        UpstreamError::Connect(
+            ConnectError::Connect { ref source, .. } | ConnectError::Dns { ref source, .. },
+        ) if is_local_failure(source) => OriginError::Local(e.to_string()),
+        other => OriginError::Unreachable(other.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Finding: every failure of the shared client but a header timeout was the origin's
+    /// (`Unreachable`: a 502, an origin error), EMFILE on the connect included. This side's
+    /// shortage is its own kind, as the reverse path tells it apart.
+    #[test]
+    fn connect_failures_of_this_side_are_local() {
+        let connect = |code: i32| {
+            UpstreamError::Connect(ConnectError::Connect {
+                host: "origin.test".into(),
+                port: 80,
+                source: std::io::Error::from_raw_os_error(code),
+            })
+        };
+        let dns = |code: i32| {
+            UpstreamError::Connect(ConnectError::Dns {
+                host: "origin.test".into(),
+                source: std::io::Error::from_raw_os_error(code),
+            })
+        };
+        let local = [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::ENOMEM,
+            libc::EADDRNOTAVAIL,
+        ];
+        for code in local {
+            for e in [connect(code), dns(code)] {
+                let e = origin_error(e);
+                assert!(matches!(e, OriginError::Local(_)), "{code}: {e}");
+            }
+        }
+        for code in [libc::ECONNREFUSED, libc::EHOSTUNREACH, libc::ECONNRESET] {
+            let e = origin_error(connect(code));
+            assert!(matches!(e, OriginError::Unreachable(_)), "{code}: {e}");
+        }
+        let timeout = UpstreamError::HeaderTimeout {
+            host: "origin.test".into(),
+            secs: 1,
+        };
+        assert!(matches!(origin_error(timeout), OriginError::Timeout));
+    }
 
     #[test]
     fn paths_go_under_the_base() {

@@ -113,6 +113,19 @@ fn error_response(status: StatusCode, message: &str) -> Response<Body> {
     resp
 }
 
+/// The answer to a request the origin could not be asked for because this process is out of its
+/// own resources (`OriginError::Local`): what the reverse path answers (503 `local_resources`,
+/// booked on this side), body and error mark alike.
+fn local_resources() -> Response<Body> {
+    crate::error::ProxyError::new(
+        crate::error::Side::Internal,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "local_resources",
+        "the proxy is out of resources for now",
+    )
+    .into_response()
+}
+
 fn set_status(resp: &mut Response<Body>, status: &CacheStatus) {
     if let Ok(v) = HeaderValue::from_str(&status.render(CACHE_NAME)) {
         resp.headers_mut().insert(CACHE_STATUS.clone(), v);
@@ -469,6 +482,7 @@ impl Inner {
                 self.metrics.origin_errors.inc();
                 return Revalidated::Failed(Failure::Unreachable, None);
             }
+            Ok(Err(OriginError::Local(_))) => return Revalidated::Failed(Failure::Local, None),
         };
         self.metrics
             .origin_latency
@@ -651,6 +665,7 @@ impl Inner {
                 );
                 resp
             }
+            Err(OriginError::Local(_)) => local_resources(),
             Err(_) => {
                 self.metrics.origin_errors.inc();
                 error_response(StatusCode::BAD_GATEWAY, "origin unavailable")
@@ -759,6 +774,9 @@ impl Inner {
                     }
                     return self.pass(parts, &origin, Some(reason)).await;
                 }
+                // This side's shortage: final for every request that followed the fill (another
+                // writer would fail the same way), as the reverse path tries no other server.
+                Err(FillEnd::Local) => return local_resources(),
                 Err(FillEnd::Mismatch)
                 | Err(FillEnd::Failed(_))
                 | Err(FillEnd::Complete { .. }) => {
@@ -1148,6 +1166,8 @@ pub(super) enum Failure {
     Unreachable,
     /// No response head within `origin_header_timeout_secs`: 504.
     TimedOut,
+    /// This process was out of its own resources to ask: 503 `local_resources`.
+    Local,
     /// A server error: its status, and its `Retry-After` (when to ask again).
     Answered {
         status: StatusCode,
@@ -1160,6 +1180,7 @@ impl Failure {
         match self {
             Failure::Unreachable => error_response(StatusCode::BAD_GATEWAY, "origin unavailable"),
             Failure::TimedOut => error_response(StatusCode::GATEWAY_TIMEOUT, "origin timed out"),
+            Failure::Local => local_resources(),
             Failure::Answered {
                 status,
                 retry_after,

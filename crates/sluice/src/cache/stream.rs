@@ -507,7 +507,7 @@ impl Producer {
                     self.shared |= mine;
                     return Ok((at, last));
                 }
-                Event::End(FillEnd::Failed(_)) => {
+                Event::End(FillEnd::Failed(_) | FillEnd::Local) => {
                     return Err(Follow::Retry(
                         at.min(to.saturating_add(1)).saturating_sub(from),
                     ))
@@ -906,7 +906,7 @@ impl Inline {
                             }
                             self.source = Source::Pick;
                         }
-                        Event::End(FillEnd::Failed(_)) => {
+                        Event::End(FillEnd::Failed(_) | FillEnd::Local) => {
                             // Elect a new writer; it carries on from the byte reached.
                             self.attempts += 1;
                             self.source = Source::Pick;

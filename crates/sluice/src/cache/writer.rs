@@ -20,7 +20,7 @@ use super::budget::Reservation;
 use super::fill::{Fill, FillEnd};
 use super::memory::{Slice, SliceBuf};
 use super::object::{self, ObjectId, ObjectMeta, SliceKey};
-use super::{Inner, Origin};
+use super::{Inner, Origin, OriginError};
 use crate::body::Body;
 
 /// What a fill fetches, and for which object.
@@ -178,6 +178,11 @@ async fn fetch(
     };
     let resp = match tokio::time::timeout(head_deadline, job.origin.fetch(job.request)).await {
         Ok(Ok(r)) => r,
+        // This side's shortage, not the origin's: no origin error.
+        Ok(Err(OriginError::Local(e))) => {
+            tracing::debug!(error = %e, "cache fill: out of local resources");
+            return FillEnd::Local;
+        }
         Ok(Err(e)) => {
             inner.metrics.origin_errors.inc();
             return FillEnd::Failed(e.to_string());

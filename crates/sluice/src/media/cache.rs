@@ -31,9 +31,9 @@ use url::Url;
 use super::MediaConfig;
 use crate::body::Body;
 use crate::cache::config::PolicyConfig;
-use crate::cache::{Cache, CacheKey, FreshnessPolicy, Origin, OriginError, OriginFuture};
+use crate::cache::{Cache, CacheKey, FreshnessPolicy, Origin, OriginFuture};
 use crate::error::{ProxyError, Side};
-use crate::upstream::{Upstream, UpstreamError, UpstreamRequest};
+use crate::upstream::{Upstream, UpstreamRequest};
 
 /// The URL that answered after redirects, kept with a stored object when it differs from the one
 /// asked (relative URLs in an MPD resolve against it). Only the media front end reads it; it
@@ -462,7 +462,7 @@ impl Origin for MediaOrigin {
                 Err(e) => {
                     *slot.lock().unwrap_or_else(|e| e.into_inner()) =
                         Some(ProxyError::from_upstream(&e));
-                    Err(origin_error(&e))
+                    Err(crate::cache::origin::origin_error(e))
                 }
             }
         })
@@ -477,13 +477,6 @@ fn explicit_freshness(headers: &HeaderMap) -> bool {
         || cc.s_maxage.is_some()
         || headers.contains_key(header::EXPIRES)
         || headers.contains_key("cdn-cache-control")
-}
-
-fn origin_error(e: &UpstreamError) -> OriginError {
-    match e {
-        UpstreamError::HeaderTimeout { .. } => OriginError::Timeout,
-        other => OriginError::Unreachable(other.to_string()),
-    }
 }
 
 /// `bytes=a-b` (digits only, so always a valid value).

@@ -596,6 +596,8 @@ impl Origin for RouteOrigin {
                     FetchError::HeaderTimeout { .. } | FetchError::ConnectTimeout { .. } => {
                         OriginError::Timeout
                     }
+                    // Out of this side's resources: not the origin's failure.
+                    e @ FetchError::Local { .. } => OriginError::Local(e.to_string()),
                     other => OriginError::Unreachable(other.to_string()),
                 })?;
             let (p, incoming) = fetched.response.into_parts();
