@@ -1538,12 +1538,18 @@ async fn length_fields_on_bodiless_answers_are_written_as_hyper_writes_them() {
         "/304" => b"HTTP/1.1 304 Not Modified\r\nContent-Length: 99\r\n\r\n".to_vec(),
         "/304-two" => b"HTTP/1.1 304 Not Modified\r\nContent-Length: 5, 7\r\n\r\n".to_vec(),
         "/head-bad" => b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n".to_vec(),
+        "/head-coded" => {
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n".to_vec()
+        }
         _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
     });
     let (origin, _) = raw_origin(answer).await;
     let p = Proxy::start(proxy_config(origin, true, "")).await;
     let mut c = Client::to(&p).await;
     for (request, status, length) in [
+        // The server's coding (hop-by-hop, not relayed) overrides its length (RFC 9112 §6.3):
+        // `5` is not the GET answer's length, and goes out neither alone nor with the coding.
+        ("HEAD /api/head-coded", 200, None),
         ("GET /api/204", 204, None),
         ("GET /api/204-two", 204, None),
         ("HEAD /api/204", 204, None),
@@ -1568,6 +1574,18 @@ async fn length_fields_on_bodiless_answers_are_written_as_hyper_writes_them() {
         let r = c.ask(b"GET /api/next HTTP/1.1\r\nHost: a\r\n\r\n").await;
         assert_eq!(r.body, b"ok", "after {request}");
     }
+    // hyper's path drops the coded answer's length too.
+    let p = Proxy::start(proxy_config(origin, false, "")).await;
+    let r = Client::to(&p)
+        .await
+        .ask(b"HEAD /api/head-coded HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await;
+    assert_eq!(
+        (r.status(), r.field("content-length")),
+        (200, None),
+        "{}",
+        r.head
+    );
 }
 
 /// What a slow origin saw of one request.
@@ -1732,4 +1750,118 @@ async fn a_coding_a_route_adds_to_a_head_answer_drops_its_length() {
     );
     assert_eq!(r.field("transfer-encoding"), None);
     assert_eq!(r.body, b"hello");
+}
+
+/// The same answer to HEAD to an HTTP/2 client (`fast_h2`): the server's `Content-Length` beside
+/// its `Transfer-Encoding` is not passed on as the GET answer's length.
+#[tokio::test]
+async fn a_head_answer_with_both_a_coding_and_a_length_loses_the_length_over_http2() {
+    let answer: Answer = Arc::new(|t: &str| match t {
+        "/head-coded" => {
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n".to_vec()
+        }
+        _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec(),
+    });
+    let (origin, heads) = raw_origin(answer).await;
+    let p = Proxy::start(proxy_config(origin, true, "")).await;
+    let mut send = h2_client(p.addr).await;
+    let req = http::Request::builder()
+        .method("HEAD")
+        .uri(p.url("/api/head-coded"))
+        .body(full(Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(heads.lock().unwrap().len(), 1, "through the fast exchange");
+    assert_eq!(
+        resp.headers().get("content-length"),
+        None,
+        "{:?}",
+        resp.headers()
+    );
+    assert_eq!(resp.headers().get("transfer-encoding"), None);
+}
+
+/// An origin for the pooled retry: answers `ok` (keep-alive) to `/fill`, each answer held until
+/// `fill` requests are in at once (so each came on a connection of its own), and once `dropping`
+/// is set, reads each request, counts it in `dropped` and closes the connection unanswered.
+async fn dropping_origin(
+    fill: usize,
+) -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicBool>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dropping = Arc::new(AtomicBool::new(false));
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(tokio::sync::Barrier::new(fill));
+    let (mode, count) = (dropping.clone(), dropped.clone());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let (mode, count, barrier) = (mode.clone(), count.clone(), barrier.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = find(&buf, b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        if read_into(&mut s, &mut buf).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                    };
+                    buf.drain(..end);
+                    if mode.load(Ordering::SeqCst) {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    barrier.wait().await;
+                    if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, dropping, dropped)
+}
+
+/// A GET that the origin drops unanswered on a pooled connection is sent once more, on a new
+/// connection, not again on every idle one in the pool: with six pooled, the origin sees it
+/// twice, not seven times.
+#[tokio::test]
+async fn a_get_dropped_unanswered_is_retried_once_not_on_every_pooled_connection() {
+    use std::sync::atomic::Ordering;
+    const POOLED: usize = 6;
+    let (origin, dropping, dropped) = dropping_origin(POOLED).await;
+    let p = Proxy::start(proxy_config(origin, true, "")).await;
+    // Six requests at once: six upstream connections, each back in the pool after its answer.
+    let mut clients = Vec::new();
+    for _ in 0..POOLED {
+        let mut c = Client::to(&p).await;
+        c.s.write_all(b"GET /api/fill HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        clients.push(c);
+    }
+    for c in &mut clients {
+        assert_eq!(c.read().await.body, b"ok");
+    }
+    // Let the last answers' connections be checked in.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    dropping.store(true, Ordering::SeqCst);
+    let mut c = Client::to(&p).await;
+    let r = c.ask(b"GET /api/boom HTTP/1.1\r\nHost: a\r\n\r\n").await;
+    assert_eq!(r.status(), 502, "{}", r.head);
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        2,
+        "the pooled try and one retry on a new connection"
+    );
 }

@@ -242,6 +242,13 @@ impl Reverse {
         } else {
             Version::HTTP_11
         };
+        // The answer to HEAD (or a 304) tells the GET answer's framing, and a server's
+        // `Content-Length` beside its `Transfer-Encoding` tells a wrong one (the coding wins,
+        // RFC 9112 §6.3). The coding is hop-by-hop and gone after `response_fields`, so the
+        // length is dropped here, while it can still be seen.
+        if length == BodyLength::Empty && coding.is_some() {
+            headers.remove(header::CONTENT_LENGTH);
+        }
         self.response_fields(route, &mut headers, version);
         // The framing the body is relayed with, whatever the route's header edits did: a
         // counted body keeps its length, a coded one is relayed as it came (never with a length
@@ -896,7 +903,10 @@ impl FastPools {
 impl FastPool {
     /// Writes `request` to server `index` and reads the response head (1xx heads skipped). A
     /// reused connection that fails before any byte of an answer is replaced by a new one once:
-    /// the server closed it while idle, and a GET or HEAD is safe to send again.
+    /// the server closed it while idle, and a GET or HEAD is safe to send again. The retry
+    /// dials a fresh connection rather than taking the next idle one: a server that drops
+    /// every request unanswered would otherwise get the same request once per pooled
+    /// connection.
     async fn exchange(
         &self,
         index: usize,
@@ -904,12 +914,13 @@ impl FastPool {
         request: &UpstreamHead,
         plain: Option<Plain>,
     ) -> Result<(UpConn, Answer, usize, BodyLength), Failure> {
-        let mut reused = true;
+        // Taken from the pool on the first try only; the retry, if any, connects.
+        let mut pooled = self.checkout(index);
         loop {
-            let mut conn = match self.checkout(index) {
+            let reused = pooled.is_some();
+            let mut conn = match pooled.take() {
                 Some(c) => c,
                 None => {
-                    reused = false;
                     // In a box of its own: the dial's future (name lookup, connect) is several
                     // times the exchange's, and inline it would set the size of every
                     // exchange, which is built and moved at each request on a pooled
