@@ -859,7 +859,9 @@ pub(super) enum AttemptFailure {
 /// route's header timeout around each attempt (from the end of the request body when that comes
 /// later: [`head_timer`]), and the retry rules — after a connect failure
 /// while the request `body` was not read, after any failure when `replayable`; every move
-/// after the first server takes from the retry budget. `send` starts the attempt on a server (its
+/// after the first server takes from the retry budget, but one for no local address toward the
+/// server (`EADDRNOTAVAIL`, nothing asked of it), which counts neither there nor in
+/// `max_attempts` (the plan is one pass over the group's servers). `send` starts the attempt on a server (its
 /// index in the group and whether it is the last try); `None` ends the loop (the body cannot be
 /// lent again). `body`: the client's request body (`None`: the request has none); `clock`: how
 /// the header timeout is kept.
@@ -891,10 +893,17 @@ where
     }
     let mut last: Option<FetchError> = None;
     let tries = plan.len().min(route.config.max_attempts as usize);
-    for (attempt, (index, server)) in plan.indexed().take(tries).enumerate() {
+    // Servers skipped for no local address toward them, and whether the last one was: moves
+    // after those are not retries.
+    let (mut skipped, mut free_move) = (0, false);
+    for (k, (index, server)) in plan.indexed().enumerate() {
+        let attempt = k - skipped;
+        if attempt == tries {
+            break;
+        }
         // The last possible attempt takes the head's headers instead of a copy.
-        let final_try = attempt + 1 == tries;
-        if attempt > 0 {
+        let final_try = attempt + 1 == tries || k + 1 == plan.len();
+        if k > 0 && !std::mem::take(&mut free_move) {
             if !budget.try_retry() {
                 break;
             }
@@ -933,7 +942,10 @@ where
                 tracing::debug!(route = %route.name, server = server.addr(), error = %source,
                     "attempt failed: no local address");
                 last = Some(FetchError::Local { group, source });
-                if body.is_none_or(BodySlot::untouched) || replayable {
+                // Neither a retry nor an attempt: the server was asked nothing.
+                if !final_try && (body.is_none_or(BodySlot::untouched) || replayable) {
+                    skipped += 1;
+                    free_move = true;
                     continue;
                 }
                 break;
@@ -955,7 +967,8 @@ where
                 }
             }
         };
-        server.report_failure();
+        // Through the plan: only its own attempt decides a recovery trial.
+        plan.report_failure(index);
         route.meters.server_failures(&meters).inc();
         tracing::debug!(route = %route.name, server = server.addr(), error = %failure, "attempt failed");
         let connect_failed = matches!(
@@ -1606,6 +1619,46 @@ mod tests {
         }
         for s in group.servers() {
             assert_eq!((s.failures(), s.ejections()), (0, 0), "{}", s.addr());
+        }
+    }
+
+    /// Finding (review of the above): the move past a server with no local address toward it
+    /// took from the retry budget, so with the budget spent (an outage elsewhere, or a server
+    /// that always gives it) its share of requests got 503 with no server asked. The move is no
+    /// retry now; the plan stays one pass (every server without an address: each tried once).
+    #[tokio::test]
+    async fn a_move_for_no_local_address_spends_no_retry() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (_group, route) = two_servers();
+        let spent = super::super::budget::RetryBudget::new(0, 0);
+        for only_first in [true, false] {
+            let tried = AtomicUsize::new(0);
+            let out = attempt_loop::<String, _, _>(
+                &spent,
+                &route,
+                None,
+                false,
+                (None, HeadClock::Timer),
+                |server, _, _| {
+                    let first = tried.fetch_add(1, Ordering::Relaxed) == 0;
+                    let cf = failed_with(libc::EADDRNOTAVAIL, false);
+                    Some(async move {
+                        match first || !only_first {
+                            true => Err(AttemptFailure::Failed(connect_failure(&cf, "app"))),
+                            false => Ok(server.addr().to_string()),
+                        }
+                    })
+                },
+            )
+            .await;
+            assert_eq!(tried.load(Ordering::Relaxed), 2);
+            match out {
+                Ok((addr, _)) => assert!(only_first, "{addr}"),
+                Err(e) => assert!(
+                    !only_first && matches!(e, FetchError::Local { .. }),
+                    "the move took from the retry budget: {e}"
+                ),
+            }
         }
     }
 

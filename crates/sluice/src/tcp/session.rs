@@ -371,7 +371,7 @@ async fn connect_first(
     // Each address of a server's name may use half the budget, as the other dials do, so a
     // silent first address leaves the next its turn within `connect_timeout_secs`.
     let attempt = (connect_timeout / 2).max(happy::STAGGER);
-    for server in plan {
+    for (index, server) in plan.indexed() {
         let in_flight = server.begin();
         let why = match tokio::time::timeout(connect_timeout, dial(server.addr(), attempt)).await {
             Ok(Ok(up)) => {
@@ -394,7 +394,8 @@ async fn connect_first(
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!("no answer within {} s", connect_timeout.as_secs()),
         };
-        server.report_failure();
+        // Through the plan: only its own attempt decides a recovery trial.
+        plan.report_failure(index);
         tracing::debug!(group = group.name(), server = server.addr(), %why, "tcp connect failed");
         m.connect_failures
             .get_or_create(&ServerLabels {

@@ -520,6 +520,17 @@ impl<'a> Plan<'a> {
         }
     }
 
+    /// An attempt this plan made on the server at `index` (in [`Group::servers`]) failed
+    /// ([`Server::report_failure`]). It is the verdict of the server's recovery trial only when
+    /// this plan holds that trial: another plan's failure while the trial is out (the fallback's,
+    /// sent to the server because nothing was usable, or a request begun before the ejection)
+    /// leaves the trial to its own attempt.
+    pub fn report_failure(&self, index: usize) {
+        if let Some(server) = self.servers.get(index) {
+            server.failed(self.trial.as_ref().is_some_and(|t| t.index == index));
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.order.len()
     }
@@ -866,9 +877,22 @@ impl Server {
     /// the ejection, or one the fallback sent it: [`Group::plan`]), keeps its deadline: pushed
     /// back on each such failure, a group of dead servers with traffic would never reach the
     /// trial that brings one back. Its trial's failure starts the timeout over.
+    ///
+    /// Taken as the verdict of a trial out, whichever attempt failed: an attempt made through a
+    /// plan is reported through it ([`Plan::report_failure`]), which knows whether it was the
+    /// trial's.
     pub fn report_failure(&self) {
+        self.failed(true);
+    }
+
+    /// [`Server::report_failure`]; `verdict`: the failure may decide a trial out (false: the
+    /// attempt was not the trial's, so the trial's marker and deadline stay).
+    fn failed(&self, verdict: bool) {
         // A verdict: a trial out is decided, not to be given back.
-        let trial = self.trial.swap(0, SeqCst);
+        let trial = match verdict {
+            true => self.trial.swap(0, SeqCst),
+            false => 0,
+        };
         let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if self.max_fails == 0 || n < self.max_fails {
             return;

@@ -379,6 +379,54 @@ fn a_spent_trial_is_not_given_back() {
     assert_eq!((a.failures(), a.ejections()), (1, 1));
 }
 
+/// Finding (review of the trial): a recovery trial was told apart by its marker alone, so a
+/// failure of another plan while it was out (the fallback's, sent to the server because nothing
+/// else was usable) was taken for its verdict: the trial decided by an attempt that was not
+/// its own. Reported through the plan that made the attempt, only the trial's own decides it.
+#[test]
+fn only_the_trials_own_attempt_decides_it() {
+    let g = group(
+        r#"name = "p"
+        max_fails = 1
+        fail_timeout_secs = 60
+        servers = ["a:1", "b:1"]"#,
+    );
+    let (a, b) = (&g.servers()[0], &g.servers()[1]);
+    a.report_failure();
+    b.report_failure();
+    // a's fail timeout has run out (as if 60 s had passed); b is still out.
+    a.ejected_until.store(1, SeqCst);
+    let trial = g.plan(None);
+    assert!(trial.trial.is_some());
+    assert_eq!((trial.len(), trial[0].addr()), (1, "a:1"));
+    let next = a.ejected_until.load(SeqCst);
+    // Nothing usable meanwhile: fallback plans, one a:1's (the rotation covers both).
+    let plans: Vec<Plan<'_>> = (0..2).map(|_| g.plan(None)).collect();
+    let fallback = plans.iter().find(|p| p[0].addr() == "a:1").unwrap();
+    assert!(fallback.trial.is_none());
+    let (index, _) = fallback.indexed().next().unwrap();
+    fallback.report_failure(index);
+    drop(plans);
+    // Not the trial's verdict: its marker and deadline stand.
+    assert_eq!(
+        a.trial.load(SeqCst),
+        next,
+        "the fallback's failure decided the trial"
+    );
+    assert_eq!(a.ejected_until.load(SeqCst), next);
+    // Dropped undecided, the trial is given back; the next plan's own failure decides it.
+    drop(trial);
+    let again = g.plan(None);
+    assert!(again.trial.is_some());
+    assert_eq!(again[0].addr(), "a:1");
+    again.report_failure(index);
+    drop(again);
+    assert_eq!(a.trial.load(SeqCst), 0);
+    assert!(a.is_ejected());
+    assert!(g.plan(None).trial.is_none());
+    assert_eq!(a.ejections(), 1);
+}
+
 /// Finding: a failure reported between a plan's taking the trial (its deadline moved) and its
 /// marking it, ejecting to the same millisecond's deadline, was taken for the trial's and
 /// undone by the give-back. The marker is now set before the deadline moves, and an ejection
