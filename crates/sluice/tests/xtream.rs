@@ -29,10 +29,12 @@ const BANNED_PASS: &str = "banned-line";
 const HUGE_LOGIN_PASS: &str = "huge-login";
 /// The password the scripted panel answers an M3U of 50,000 short stream URLs to.
 const SHORT_URLS_PASS: &str = "short-urls";
-/// The action the scripted panel answers a 6.5 MB stream list to that names no stream URL, so it
-/// is sent as it came.
+/// The action the scripted panel answers a 6.9 MB stream list to that names no stream URL, so it
+/// is sent as it came. Over 6.4 MiB, a fifth of four 8 MiB answers' budget: with answers up to
+/// 8 MiB, four of them held leave too little for a fifth, and three a share (24 MiB) too little
+/// for a fourth, whatever room a buffer being read grew into.
 const BIG_ACTION: &str = "get_big_list";
-const BIG_LEN: usize = 6_500_000;
+const BIG_LEN: usize = 6_900_000;
 /// An action the scripted panel does not know, so answers the login object to (as a real one does).
 const LOGIN_ACTION: &str = "bogus";
 /// The host name the scripted panel gives for itself in `server_info`.
@@ -43,6 +45,9 @@ const BIG_PANEL_PASS: &str = "big-panel";
 const BIG_PANEL_CHANNELS: usize = 6_000;
 /// The password the scripted panel answers `panel_api.php` to with a `user_info` over 1 MiB.
 const HUGE_USER_INFO_PASS: &str = "huge-user-info";
+/// The password the scripted panel answers an M3U to of `n` entries, each a channel name of `pad`
+/// bytes and a short stream URL (both from the query).
+const GROWING_PASS: &str = "growing";
 /// The password the scripted panel answers stream lists and an M3U to whose stream URLs (for
 /// `alice`/`xcsecret`, so they play) name the panel in other spellings and other hosts.
 const SPELLINGS_PASS: &str = "spellings";
@@ -131,6 +136,12 @@ fn panel_answer(
         "/get.php" if q("password") == Some(SHORT_URLS_PASS) => Response::new(Full::new(
             Bytes::from(format!("{origin}/{XC_USER}/p/1\n").repeat(50_000)),
         )),
+        "/get.php" if q("password") == Some(GROWING_PASS) => {
+            let n = |k| q(k).unwrap().parse::<usize>().unwrap();
+            Response::new(Full::new(Bytes::from(
+                growing_entry(&origin, XC_USER, n("pad")).repeat(n("n")),
+            )))
+        }
         "/player_api.php" if q("password") == Some(SPELLINGS_PASS) => json(format!(
             "[{}]",
             spelled_urls(addr)
@@ -284,6 +295,12 @@ fn big_panel_channels(origin: &str) -> String {
     }
     out.push('}');
     out
+}
+
+/// One entry of the [`GROWING_PASS`] M3U: a channel name of `pad` bytes, then the short stream
+/// URL for `user` at `origin`.
+fn growing_entry(origin: &str, user: &str, pad: usize) -> String {
+    format!("#EXTINF:-1,{}\n{origin}/{user}/p/1\n", "x".repeat(pad))
 }
 
 fn b64(s: &str) -> String {
@@ -961,6 +978,72 @@ async fn an_answer_whose_rewrite_outgrows_it_is_the_providers_fault() {
     assert!(!m3u.contains(&format!("/live/{XC_USER}/")), "{m3u}");
 }
 
+/// An M3U whose collect buffer grew by doubling past what it carries (an answer of 0.72 MiB in a
+/// buffer of up to 1 MiB, as a 46 MB list sits in 64 MiB) is served whole when it and its rewrite
+/// fit the client's share of three answers: the buffer's spare room counted beside the rewrite
+/// made such lists the provider's 502. One whose own bytes and rewrite do not fit is still
+/// refused, and its share given back.
+#[tokio::test]
+async fn a_list_within_its_share_is_served_whatever_room_its_buffer_grew() {
+    // Answers up to 1 MiB: a client's share is 3 MiB.
+    let (limit, share) = (1usize << 20, 3usize << 20);
+    let p = panel().await;
+    let mut c = test_config();
+    c.auth.api_password = API_PW.into();
+    c.media.xtream_max_response_bytes = limit;
+    let s = Sluice::start(c).await;
+    let token = login(&p, &s).await;
+    let (origin, public) = (format!("http://{}", p.addr), format!("http://{}", s.addr));
+    // Entries sized so the answer is at most 0.72 MiB (as near as they come) and with its rewrite at least 8 KiB short
+    // of the share, and the rewrite past the share beside any buffer of 0.75 MiB or more.
+    let base = growing_entry(&origin, XC_USER, 0).len();
+    let grows = growing_entry(&public, &token, 0).len() - base;
+    let (n, pad) = (0..400)
+        .rev()
+        .map(|pad| ((share - 8 * 1024) / (2 * (base + pad) + grows), pad))
+        .find(|&(n, pad)| {
+            let len = n * (base + pad);
+            len <= limit * 72 / 100 && limit * 75 / 100 + len + n * grows > share
+        })
+        .expect("entries of some size fit");
+    let url = |n: usize| {
+        s.url(&format!(
+            "/get.php?username={token}&password={GROWING_PASS}&type=m3u&n={n}&pad={pad}"
+        ))
+    };
+    let answer = |n: usize| growing_entry(&origin, XC_USER, pad).repeat(n).len();
+    let rewrite = |n: usize| growing_entry(&public, &token, pad).len() * n;
+    let (len, want) = (answer(n), rewrite(n));
+    assert!(len > limit * 60 / 100 && len <= limit * 72 / 100, "{len}");
+    assert!(len + want + 8 * 1024 <= share, "{want}");
+    assert!(limit * 75 / 100 + want > share, "{want}");
+    // Served whole: each entry's URL names sluice and the username sealed for this answer (one
+    // of the login's length, sealed anew for each answer).
+    let served_whole = |r: &support::Reply| {
+        assert_eq!(r.status, StatusCode::OK, "{}", text(r));
+        let body = r.body.as_ref().unwrap();
+        let sealed = text(r).lines().nth(1).unwrap()[public.len() + 1..]
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        assert_eq!(sealed.len(), token.len());
+        let want = growing_entry(&public, &sealed, pad).repeat(n);
+        assert_eq!(body.len(), want.len());
+        assert_eq!(sha256(body), sha256(want.as_bytes()));
+    };
+    served_whole(&get(&url(n)).await);
+    // A tenth more entries: the answer and its rewrite alone are past the share.
+    let more = n * 11 / 10;
+    assert!(answer(more) <= limit && answer(more) + rewrite(more) > share);
+    let r = get(&url(more)).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let v: Value = serde_json::from_str(&text(&r)).unwrap();
+    assert_eq!(v["side"], "upstream");
+    // Its share was given back: the first is served again.
+    served_whole(&get(&url(n)).await);
+}
+
 /// Escaped dot segments and separators in an XC path never reach the provider: `%2e%2e` would
 /// be resolved as `..` and walk the request to any path on its host.
 #[tokio::test]
@@ -1241,8 +1324,9 @@ async fn unread_as(addr: SocketAddr, path: &str, client: &str) -> (StatusCode, S
 /// `503 xtream_busy` as when every client together fills the budget.
 #[tokio::test]
 async fn a_client_leaving_answers_unread_holds_at_most_its_share() {
-    // Answers up to 8 MiB: the rewrites share 32 MiB, one client 24 MiB. Each 6.5 MB answer
-    // holds its buffer, between 6.5 MB and 8 MiB: three fit in a share, four do not.
+    // Answers up to 8 MiB: the rewrites share 32 MiB, one client 24 MiB. Each 6.9 MB answer
+    // holds its size (and its buffer, up to 8 MiB, while it is read): three fit in a share,
+    // four do not.
     let p = panel().await;
     let mut c = test_config();
     c.auth.api_password = API_PW.into();
@@ -1303,7 +1387,7 @@ async fn a_client_leaving_answers_unread_holds_at_most_its_share() {
 /// first, then served once those answers are cut, the sockets that asked for them still open.
 #[tokio::test]
 async fn answers_left_unread_give_the_budget_back_at_their_deadline() {
-    // As above: 8 MiB answers, a 32 MiB budget, a 24 MiB share; each answer holds over 6.5 MB.
+    // As above: 8 MiB answers, a 32 MiB budget, a 24 MiB share; each answer holds 6.9 MB.
     let p = panel().await;
     let mut c = test_config();
     c.auth.api_password = API_PW.into();
@@ -1342,7 +1426,7 @@ async fn answers_left_unread_give_the_budget_back_at_their_deadline() {
 /// answer is still served.
 #[tokio::test]
 async fn a_clients_addresses_in_one_64_hold_one_share() {
-    // As above: 8 MiB answers, a 32 MiB budget, a 24 MiB share; each answer holds over 6.5 MB.
+    // As above: 8 MiB answers, a 32 MiB budget, a 24 MiB share; each answer holds 6.9 MB.
     let p = panel().await;
     let mut c = test_config();
     c.auth.api_password = API_PW.into();

@@ -107,8 +107,9 @@ impl Rewriter<'_> {
     /// [`MAX_URLS_PER_RUN`] URLs of one run (the text up to a space or a quote) are read, each in
     /// at most [`MAX_URL`] bytes, so a run of `http://http://...` costs a few times its length.
     /// What is not read (the rest of a run past its reads, a URL longer than [`MAX_URL`]) has
-    /// each occurrence of the real username as written replaced by the public one (one linear
-    /// search), so a provider's twelfth URL in one run does not name the user either.
+    /// each occurrence of the real username, as written or percent-encoded (see [`Spellings`]),
+    /// replaced by the public one (one linear search), so a provider's twelfth URL in one run does
+    /// not name the user either.
     fn scan_form(&self, body: &str, escaped: bool, emit: &mut dyn FnMut(&str)) -> bool {
         let provider = OnceCell::new();
         self.scan(body, escaped, &provider, None, emit)
@@ -154,23 +155,20 @@ impl Rewriter<'_> {
                 _ => None,
             };
             if let Some(end) = unread {
+                // Searched in one pass, a step a byte (see [`Spellings`]).
                 let unread = &body[start..end];
-                #[cfg(test)]
-                tests::step(unread.len());
-                let needle = self.written_user(escaped);
                 // Only where a URL would carry it, a path segment or a query value (`/alice/`,
                 // `=alice&`): a short username (`tv`) elsewhere in the text is left as it is.
                 let u = unread.as_bytes();
-                let whole = |hit: usize| {
-                    let before = hit.checked_sub(1).map(|i| u[i]);
-                    let after = u.get(hit + needle.len()).copied();
-                    // Percent-encoded separators (`%2F`, `%3D`, `%3A`) count too: a nested URL.
-                    let encoded = hit >= 3
-                        && u[hit - 3] == b'%'
-                        && matches!(
-                            u[hit - 2..hit].to_ascii_uppercase().as_slice(),
-                            b"2F" | b"3D" | b"3A"
-                        );
+                let whole = |hit: &std::ops::Range<usize>| {
+                    let before = hit.start.checked_sub(1).map(|i| u[i]);
+                    let after = u.get(hit.end).copied();
+                    // Percent-encoded separators (`%2F`, `%3D`, `%3A`, or `%252F` encoded
+                    // again) count too: a nested URL.
+                    let encoded = matches!(
+                        encoded_before(u, hit.start).map(|d| d.map(|b| b.to_ascii_uppercase())),
+                        Some([b'2', b'F'] | [b'3', b'D'] | [b'3', b'A'])
+                    );
                     (matches!(before, Some(b'/' | b'=' | b':')) || encoded)
                         && matches!(
                             after,
@@ -188,16 +186,23 @@ impl Rewriter<'_> {
                             )
                         )
                 };
-                let mut hits = memchr::memmem::find_iter(u, needle.as_bytes())
-                    .filter(|&hit| !needle.is_empty() && whole(hit))
+                // As written, or with any of its bytes percent-encoded (`user%40x`, `%61lice`),
+                // at any depth (`user%2540x` in a nested URL written encoded), and with `/` as
+                // `\/` in the escaped form.
+                let mut hits = Spellings::new(u, self.real_user.as_bytes(), escaped)
+                    .filter(|hit| {
+                        whole(hit)
+                            && unread.is_char_boundary(hit.start)
+                            && unread.is_char_boundary(hit.end)
+                    })
                     .peekable();
                 if hits.peek().is_some() {
                     emit(&body[from..start]);
                     let mut last = 0;
                     for hit in hits {
-                        emit(&unread[last..hit]);
+                        emit(&unread[last..hit.start]);
                         emit(self.public_user);
-                        last = hit + needle.len();
+                        last = hit.end;
                     }
                     emit(&unread[last..]);
                     (from, changed) = (end, true);
@@ -263,15 +268,6 @@ impl Rewriter<'_> {
         } else {
             url
         })
-    }
-
-    /// The real username as an answer's text writes it: as it is, with `/` as `\/` in the
-    /// JSON-escaped form.
-    fn written_user(&self, escaped: bool) -> Cow<'_, str> {
-        match escaped && self.real_user.contains('/') {
-            true => Cow::Owned(self.real_user.replace('/', "\\/")),
-            false => Cow::Borrowed(self.real_user),
-        }
     }
 
     /// The provider's origin, parsed on first use (`None` when it is not a tuple origin).
@@ -553,6 +549,117 @@ fn next_scheme(body: &[u8], from: usize, escaped: bool) -> Option<(usize, usize)
     }
 }
 
+/// Where a username is written in a URL's text: each occurrence of `user`, leftmost first and not
+/// overlapping, as `start..end` in `text`, whatever the spelling of each of its bytes: as it is,
+/// percent-encoded in either letter case (`%40`, `%4a`, `%4A`), encoded again as a nested URL
+/// written encoded has it (`%2540`), and `/` as `\/` in the JSON-escaped form. One pass over
+/// `text` (a KMP automaton over its bytes as decoded), so trying each place the name could start
+/// never costs the name's length at each.
+struct Spellings<'t> {
+    text: &'t [u8],
+    user: &'t [u8],
+    escaped: bool,
+    /// The longest proper prefix of `user[..=i]` that is also its suffix, for each `i`.
+    fail: Vec<usize>,
+    /// Where each of the last `user.len()` decoded bytes began in `text`, by its count.
+    starts: Vec<usize>,
+    /// The next byte of `text`, the decoded bytes read and how many of `user` they end with.
+    at: usize,
+    read: usize,
+    matched: usize,
+}
+
+impl<'t> Spellings<'t> {
+    fn new(text: &'t [u8], user: &'t [u8], escaped: bool) -> Spellings<'t> {
+        let mut fail = vec![0; user.len()];
+        let mut k = 0;
+        for i in 1..user.len() {
+            while k > 0 && user[i] != user[k] {
+                k = fail[k - 1];
+            }
+            if user[i] == user[k] {
+                k += 1;
+            }
+            fail[i] = k;
+        }
+        Spellings {
+            text,
+            user,
+            escaped,
+            fail,
+            starts: vec![0; user.len()],
+            at: 0,
+            read: 0,
+            matched: 0,
+        }
+    }
+
+    /// The byte at `at` as decoded, and how many bytes of `text` it takes.
+    fn decoded(&self, at: usize) -> (u8, usize) {
+        let text = self.text;
+        let hex = |i: usize| text.get(i).and_then(|&c| (c as char).to_digit(16));
+        match text[at] {
+            b'%' => {
+                // `%25` stands for `%`: past each, the escape it encoded.
+                let mut end = at + 1;
+                while text.get(end..end + 2) == Some(b"25") && hex(end + 2).is_some() {
+                    end += 2;
+                }
+                match (hex(end), hex(end + 1)) {
+                    (Some(high), Some(low)) => ((high << 4 | low) as u8, end + 2 - at),
+                    // `%25` with no escape after it: `%` encoded once.
+                    _ if end > at + 1 => (b'%', 3),
+                    _ => (b'%', 1),
+                }
+            }
+            b'\\' if self.escaped && text.get(at + 1) == Some(&b'/') => (b'/', 2),
+            c => (c, 1),
+        }
+    }
+}
+
+impl Iterator for Spellings<'_> {
+    type Item = std::ops::Range<usize>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let m = self.user.len();
+        if m == 0 {
+            return None;
+        }
+        while self.at < self.text.len() {
+            #[cfg(test)]
+            tests::step(1);
+            let (byte, len) = self.decoded(self.at);
+            self.starts[self.read % m] = self.at;
+            (self.at, self.read) = (self.at + len, self.read + 1);
+            while self.matched > 0 && self.user[self.matched] != byte {
+                #[cfg(test)]
+                tests::step(1);
+                self.matched = self.fail[self.matched - 1];
+            }
+            if self.user[self.matched] == byte {
+                self.matched += 1;
+            }
+            if self.matched == m {
+                self.matched = 0;
+                return Some(self.starts[(self.read - m) % m]..self.at);
+            }
+        }
+        None
+    }
+}
+
+/// The two hex digits of the percent-escape that ends at `end` in `text`, at any depth (`%2F`,
+/// `%252F`), if one does.
+fn encoded_before(text: &[u8], end: usize) -> Option<[u8; 2]> {
+    let digits = text.get(end.checked_sub(2)?..end)?;
+    let mut at = end - 2;
+    while at >= 2 && &text[at - 2..at] == b"25" {
+        at -= 2;
+    }
+    (at >= 1 && text[at - 1] == b'%').then(|| [digits[0], digits[1]])
+}
+
 /// The `(pair, separator after it)` of a query: split at `&` and at `\u0026` (a JSON encoder's
 /// `&`, Go's among them); the last separator is empty.
 fn query_pairs(query: &str) -> impl Iterator<Item = (&str, &str)> {
@@ -612,7 +719,8 @@ mod tests {
     use super::*;
 
     thread_local! {
-        /// Work done by the scan on this thread: one per scheme found, one per byte of a URL read.
+        /// Work done by the scan on this thread: one per scheme found, one per byte of a URL read,
+        /// one per byte of unread text searched for the username and per fallback of that search.
         static STEPS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
 
@@ -926,6 +1034,94 @@ mod tests {
             let out = R.rewrite_text(&format!("{run}\n"));
             assert!(!out.contains("alice"), "{out}");
         }
+    }
+
+    /// The username in text the scan does not read (past a run's reads, in a URL longer than
+    /// any real one) goes in any spelling a URL may give it: any of its bytes percent-encoded, in
+    /// either letter case, encoded again in a nested URL written encoded, and in the escaped form
+    /// too; it stays where it is not a URL's segment or value. The search is one pass: a name
+    /// that nearly matches everywhere costs no more than one that never does.
+    #[test]
+    fn a_percent_encoded_username_past_a_runs_reads_is_replaced() {
+        let at = Rewriter {
+            real_user: "user@x",
+            ..R
+        };
+        let unread = |last: &str| {
+            let logos = (1..13).map(|i| format!("http://cdn.example/logo/{i}.png"));
+            let run = logos.chain([last.to_string()]).collect::<Vec<_>>();
+            format!("{}\n", run.join(","))
+        };
+        for (r, last, want) in [
+            (
+                &at,
+                "http://cdn.example/live/user%40x/pw/1.ts",
+                "http://cdn.example/live/TOK/pw/1.ts",
+            ),
+            (
+                &at,
+                "http://cdn.example/get.php?username=user%40x&password=pw",
+                "http://cdn.example/get.php?username=TOK&password=pw",
+            ),
+            (
+                &at,
+                "http://cdn.example/p?src=http%3A%2F%2Fxc%2Flive%2Fuser%2540x%2Fpw%2F1.ts",
+                "http://cdn.example/p?src=http%3A%2F%2Fxc%2Flive%2FTOK%2Fpw%2F1.ts",
+            ),
+            (
+                &at,
+                "http://cdn.example/p?src=http%253A%252F%252Fxc%252Fuser%252540x%252Fpw%252F1",
+                "http://cdn.example/p?src=http%253A%252F%252Fxc%252FTOK%252Fpw%252F1",
+            ),
+            (
+                &R,
+                "http://cdn.example/live/%61lice/pw/1.ts",
+                "http://cdn.example/live/TOK/pw/1.ts",
+            ),
+            (
+                &R,
+                "http://cdn.example/live/a%6cice/pw/1.ts,http://cdn.example/a%6Cice/pw/2",
+                "http://cdn.example/live/TOK/pw/1.ts,http://cdn.example/TOK/pw/2",
+            ),
+            (
+                &R,
+                "http://cdn.example/x?u=%61%6C%69%63%65&p=%2f%61lic%65%2F",
+                "http://cdn.example/x?u=TOK&p=%2fTOK%2F",
+            ),
+            // Not a segment or a value: as written.
+            (
+                &R,
+                "http://cdn.example/img/%61licescope.png?x=m%61lice",
+                "http://cdn.example/img/%61licescope.png?x=m%61lice",
+            ),
+        ] {
+            let out = r.rewrite_text(&unread(last));
+            assert!(out.ends_with(&format!(",{want}\n")), "{last}: {out}");
+            // The same in the escaped form.
+            let escaped = unread(last).replace('/', "\\/");
+            let out = r.rewrite_text(&format!(r#"{{"u":"{escaped}"}}"#));
+            let want = want.replace('/', "\\/");
+            assert!(out.ends_with(&format!(",{want}\n\"}}")), "{last}: {out}");
+        }
+        // A name that nearly matches at every byte: one pass, not one per place it could start.
+        let long = Rewriter {
+            real_user: &format!("{}b", "a".repeat(999)),
+            ..R
+        };
+        let body = unread(&format!("http://cdn.example/{}", "%61".repeat(100_000)));
+        let steps = steps(&long, &body);
+        assert!(
+            steps <= 2 * body.len(),
+            "{steps} steps for {} bytes",
+            body.len()
+        );
+        // A near miss first (999 bytes, then a separator), then the name.
+        let a = "%61".repeat(999);
+        let out = long.rewrite_text(&unread(&format!("http://cdn.example/{a}/{a}%62/pw/1")));
+        assert!(
+            out.ends_with(&format!(",http://cdn.example/{a}/TOK/pw/1\n")),
+            "{out}"
+        );
     }
 
     /// A short-form URL followed by more of its run ends at `,`, `|` or a backslash (a JSON

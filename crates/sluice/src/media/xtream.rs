@@ -470,24 +470,48 @@ async fn collect(
 /// `upstream.whole_body_timeout_secs` (128 kbit/s: a 40 MB list in 40 minutes).
 const MIN_SEND_RATE: usize = 16 * 1024;
 
-/// An API answer as collected, with the capacity of the buffer it is in.
+/// An API answer as collected, with the capacity of the buffer it is in (what `held` covers).
 struct Answer {
     bytes: Bytes,
     capacity: usize,
 }
 
+impl Answer {
+    /// The answer in a buffer of its own size, and what it held beyond it given back: a collect
+    /// grows its buffer by doubling, so a 40 MB list sits in 64 MiB, and that spare room counted
+    /// beside the rewrite (about twice the list) took a list the share holds past it (the
+    /// provider's 502). A shrinking `realloc` gives the tail back in place (the C library's and
+    /// jemalloc's large blocks); an allocator that copies holds both for a moment, as each
+    /// growth of the collect did.
+    fn exact(self, held: &mut Held) -> Bytes {
+        let bytes = match self.capacity > self.bytes.len() {
+            true => {
+                // The collect's buffer itself (the `Bytes` is its only handle), not a copy.
+                let mut buf = Vec::from(self.bytes);
+                buf.shrink_to_fit();
+                Bytes::from(buf)
+            }
+            false => self.bytes,
+        };
+        held.shrink_to(bytes.len());
+        bytes
+    }
+}
+
 /// `answer` rewritten within `held` (see [`rewrite`]) and ready to send, holding what it keeps
-/// alive: its rewrite, or the answer's whole buffer, spare room included, when nothing in it
-/// changed. Everything else is freed before its share is given back.
+/// alive: its rewrite, or the answer itself when nothing in it changed. The answer's buffer is cut
+/// to its size first ([`Answer::exact`]), so what it carries is charged, not the room it grew
+/// into. Everything else is freed before its share is given back.
 fn rewritten_within(
     rewriter: &Rewriter,
     answer: Answer,
     login: bool,
     mut held: Held,
 ) -> Result<Budgeted, Option<ProxyError>> {
-    let out = rewrite(rewriter, &answer.bytes, login, &mut held);
+    let answer = answer.exact(&mut held);
+    let out = rewrite(rewriter, &answer, login, &mut held);
     let keep = match &out {
-        Ok((_, true)) => answer.capacity.max(answer.bytes.len()),
+        Ok((_, true)) => answer.len(),
         Ok((out, false)) => out.len(),
         Err(_) => 0,
     };
@@ -1192,9 +1216,10 @@ mod tests {
         assert!(budget.clients().is_empty());
     }
 
-    /// An answer sent as it came holds its whole buffer, spare room included, until it is sent.
+    /// An answer sent as it came holds what it carries until it is sent: its buffer is cut to
+    /// its size first, the room the collect's doubling left in it given back.
     #[tokio::test]
-    async fn an_unchanged_answer_holds_its_whole_buffer() {
+    async fn an_unchanged_answer_holds_what_it_carries() {
         let budget = Budget::new(1024, 1024);
         let mut held = Held::new(&budget, A);
         held.reserve(64 * 1024).unwrap();
@@ -1202,16 +1227,70 @@ mod tests {
         buf.extend_from_slice(&b"[{\"name\":\"x\"}]".repeat(600));
         let (len, capacity) = (buf.len(), buf.capacity());
         assert!(len < 10 * 1024 && capacity == 64 * 1024);
-        let answer = Answer {
-            bytes: Bytes::from(buf),
-            capacity,
+        let answer = || Answer {
+            bytes: Bytes::from(buf.clone()),
+            capacity: 64 * 1024,
         };
-        let sent = rewritten_within(&R, answer, false, held).unwrap();
-        assert_eq!(sent.rest().len(), len);
-        assert_eq!(budget.kib.available_permits(), 1024 - 64);
+        // The buffer itself is cut, not only its charge.
+        let mut exact = Held::new(&budget, B);
+        exact.reserve(64 * 1024).unwrap();
+        let mut big = Vec::with_capacity(64 * 1024);
+        big.extend_from_slice(&buf);
+        let cut = Answer {
+            bytes: Bytes::from(big),
+            capacity: 64 * 1024,
+        }
+        .exact(&mut exact);
+        assert_eq!(exact.bytes(), len.div_ceil(1024) * 1024);
+        assert_eq!(Vec::from(cut).capacity(), len);
+        drop(exact);
+        let sent = rewritten_within(&R, answer(), false, held).unwrap();
+        assert_eq!(sent.rest(), buf);
+        assert_eq!(budget.kib.available_permits(), 1024 - len.div_ceil(1024));
         let got = Box::pin(sent).collect().await.unwrap().to_bytes();
-        assert_eq!(got.len(), len);
+        assert_eq!(got, buf);
         assert_eq!(budget.kib.available_permits(), 1024);
+    }
+
+    /// An answer whose buffer grew by doubling (a 40 MB list in 64 MiB) is served when what it
+    /// carries and its rewrite fit the share, the buffer's spare room beside them or not (counted,
+    /// a `get.php` list of 34 to 50 MB growing as short URLs do was the provider's 502); one
+    /// whose own bytes and rewrite do not fit is still refused, and either gives its share back.
+    #[test]
+    fn an_answer_is_charged_what_it_carries_not_its_buffers_room() {
+        let max = 64 * 1024;
+        let budget = Budget::for_answers(max);
+        let sealed = "T".repeat(160);
+        let (rewriter, answer, out) = growing_m3u(&sealed);
+        let len = answer.bytes.len();
+        assert!(answer.capacity + out.len() > 3 * max, "{}", out.len());
+        assert!(
+            len.div_ceil(1024) * 1024 + out.len() <= 3 * max,
+            "{}",
+            out.len()
+        );
+        let mut held = Held::new(&budget, A);
+        held.reserve(answer.capacity).unwrap();
+        let Ok(sent) = rewritten_within(&rewriter, answer, false, held) else {
+            panic!("refused, not served whole");
+        };
+        assert_eq!(sent.rest(), out.as_bytes());
+        assert_eq!(
+            budget.kib.available_permits(),
+            256 - out.len().div_ceil(1024)
+        );
+        drop(sent);
+        assert_eq!(budget.kib.available_permits(), 256);
+        // Past the share by what it carries: the provider's 502, as before.
+        let sealed = "T".repeat(200);
+        let (rewriter, answer, out) = growing_m3u(&sealed);
+        assert!(answer.bytes.len() + out.len() > 3 * max);
+        let mut held = Held::new(&budget, A);
+        held.reserve(answer.capacity).unwrap();
+        let refused = rewritten_within(&rewriter, answer, false, held);
+        assert!(matches!(refused, Err(None)));
+        assert_eq!(budget.kib.available_permits(), 256);
+        assert!(budget.clients().is_empty());
     }
 
     /// A login answer's parsed JSON is charged before it is built: 40 KB of `[0,0,...]` parses
@@ -1419,9 +1498,9 @@ mod tests {
         assert!(budget.clients().is_empty());
     }
 
-    /// An M3U of 60 KiB read into a 64 KiB buffer, whose rewrite (each short URL gains a
-    /// 200-byte sealed username) needs more than a client's share of three 64 KiB answers beside
-    /// it but less than the budget of four.
+    /// An M3U of 60 KiB read into a 64 KiB buffer, as a collect leaves it, and its rewrite: each
+    /// short URL gains the public origin and `sealed` (with 200 bytes the answer and its rewrite
+    /// need more than a client's share of three 64 KiB answers, but less than the budget of four).
     fn growing_m3u(sealed: &str) -> (Rewriter<'_>, Answer, String) {
         let rewriter = Rewriter {
             public_user: sealed,
@@ -1460,7 +1539,7 @@ mod tests {
         assert_eq!(budget.kib.available_permits(), 256);
         let sealed = "T".repeat(200);
         let (rewriter, answer, out) = growing_m3u(&sealed);
-        let peak = answer.capacity + out.len();
+        let peak = answer.bytes.len() + out.len();
         assert!(peak > 3 * max && peak <= 4 * max, "{peak}");
         let mut held = Held::new(&budget, A);
         held.reserve(answer.capacity).unwrap();
@@ -1470,7 +1549,7 @@ mod tests {
         // A shorter username: within the share, served; another client still has its answer.
         let sealed = "T".repeat(100);
         let (rewriter, answer, out) = growing_m3u(&sealed);
-        assert!(answer.capacity + out.len() <= 3 * max);
+        assert!(answer.bytes.len() + out.len() <= 3 * max);
         let mut held = Held::new(&budget, A);
         held.reserve(answer.capacity).unwrap();
         let sent = rewritten_within(&rewriter, answer, false, held).unwrap();
