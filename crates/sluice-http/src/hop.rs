@@ -42,6 +42,8 @@ pub fn connection_names(headers: &HeaderMap) -> Vec<HeaderName> {
 
 /// Removes hop-by-hop headers and those named in `Connection`. `TE: trailers` survives when
 /// `keep_te_trailers` (a gRPC client must be able to tell the upstream it accepts trailers).
+/// A `Content-Length` beside a `Transfer-Encoding` goes with it: the coding overrides the length
+/// (RFC 9112 §6.3), which is not the message's and must not be forwarded without the coding.
 ///
 /// One pass over the names present finds which hop-by-hop fields there are; only those (and the
 /// names `Connection` lists) are then removed, each one hashed lookup. Most heads carry none, and
@@ -65,6 +67,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+    // `Transfer-Encoding` is `hop_name(5)` (its bit may be cleared below when `Connection` lists it).
+    let coded = present & (1 << 5) != 0;
     // `Connection` is `hop_name(0)`: the fields it lists go first, in its order (removing
     // moves the map's last field into the gap, so the order of removals is the order of what is
     // left). A listed name no field has (`close`, usually) costs a lookup, no allocation.
@@ -98,6 +102,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_te_trailers: bool) {
     }
     for name in named {
         headers.remove(&name);
+    }
+    if coded {
+        headers.remove(header::CONTENT_LENGTH);
     }
     for i in 0..HOP_NAMES {
         if present & (1 << i) != 0 {
@@ -211,6 +218,30 @@ pub fn wants_upgrade(headers: &HeaderMap, proto: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// Finding (review): an answer with both `Transfer-Encoding` and `Content-Length` lost the
+    /// coding here and kept the length, which is not the message's (a HEAD pass through a
+    /// caching route showed it; a GET pass framed the decoded body by it).
+    #[test]
+    fn a_length_beside_a_coding_goes_with_it() {
+        use super::*;
+        for connection in [None, Some("transfer-encoding"), Some("close")] {
+            let mut fields = HeaderMap::new();
+            fields.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
+            fields.insert(header::CONTENT_LENGTH, "5".parse().unwrap());
+            fields.insert(header::ETAG, "\"a\"".parse().unwrap());
+            if let Some(c) = connection {
+                fields.insert(header::CONNECTION, c.parse().unwrap());
+            }
+            strip_hop_by_hop(&mut fields, false);
+            assert_eq!(fields.len(), 1, "{connection:?}: {fields:?}");
+        }
+        let mut plain = HeaderMap::new();
+        plain.insert(header::CONTENT_LENGTH, "5".parse().unwrap());
+        plain.insert(header::CONNECTION, "keep-alive".parse().unwrap());
+        strip_hop_by_hop(&mut plain, false);
+        assert_eq!(plain.get(header::CONTENT_LENGTH).unwrap(), "5");
+    }
+
     #[test]
     fn cookie_fields_are_joined_in_order_and_trailers_lose_connection_fields() {
         use super::*;

@@ -709,11 +709,6 @@ impl Reverse {
     /// hop's `Via` (for an upstream response of version `version`), the route's response
     /// remove/add.
     pub(super) fn response_fields(&self, route: &Route, headers: &mut HeaderMap, version: Version) {
-        // A transfer coding overrides a length (RFC 9112 §6.3): the origin's `Content-Length`
-        // beside one is not the answer's length, and goes with the coding (a HEAD answer kept it).
-        if headers.contains_key(header::TRANSFER_ENCODING) {
-            headers.remove(header::CONTENT_LENGTH);
-        }
         hop::strip_hop_by_hop(headers, false);
         if self.settings.via {
             let mine = via_value(version);
