@@ -856,7 +856,9 @@ pub(super) enum AttemptFailure {
 /// while the request `body` was not read, after any failure when `replayable`; every move
 /// after the first server takes from the retry budget, but one for no local address toward the
 /// server (`EADDRNOTAVAIL`, nothing asked of it), which counts neither there nor in
-/// `max_attempts` (the plan is one pass over the group's servers). `send` starts the attempt on a server (its
+/// `max_attempts` (the plan is one pass over the group's servers), except from the attempt
+/// `max_attempts` makes the last, which has given the head's headers away (with
+/// `max_attempts = 1` such a server ends the request). `send` starts the attempt on a server (its
 /// index in the group and whether it is the last try); `None` ends the loop (the body cannot be
 /// lent again). `body`: the client's request body (`None`: the request has none); `clock`: how
 /// the header timeout is kept.
