@@ -13,6 +13,31 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// A label value from the config or the outside (a route, a group, a listener, a server name),
+/// written with the text format's escapes: `\\`, `\"` and `\n` (prometheus-client writes label
+/// values as they are, so a `"` in a route's path ended the value early and broke the scrape).
+#[derive(Clone, Copy, Debug)]
+pub struct Escaped<'a>(pub &'a str);
+
+impl prometheus_client::encoding::EncodeLabelValue for Escaped<'_> {
+    fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::LabelValueEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let mut rest = self.0;
+        while let Some(at) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..at])?;
+            encoder.write_str(match rest.as_bytes()[at] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[at + 1..];
+        }
+        encoder.write_str(rest)
+    }
+}
+
 /// Labels of per-request series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
@@ -396,6 +421,35 @@ mod tests {
         // 4xx: 400-499 less the 29 registered (400-418, 421-426, 428, 429, 431, 451).
         assert_eq!(count(StatusLabel::Class(4)), 100 - 29);
         assert_eq!(count(StatusLabel::Class(5)), 100 - 11);
+    }
+
+    /// A name from the config with `\\`, `"` or a newline in it is written with the text
+    /// format's escapes: as it was, a `"` ended the value early and the scrape failed to parse.
+    #[test]
+    fn label_values_are_escaped() {
+        #[derive(Clone, Debug, Hash, PartialEq, Eq)]
+        struct Route(String);
+        impl EncodeLabelSet for Route {
+            fn encode(
+                &self,
+                encoder: prometheus_client::encoding::LabelSetEncoder,
+            ) -> Result<(), std::fmt::Error> {
+                [("route", Escaped(&self.0))].encode(encoder)
+            }
+        }
+        let mut registry = Registry::default();
+        let family: Family<Route, Counter> = Family::default();
+        registry.register("hits", "Hits", family.clone());
+        family
+            .get_or_create(&Route("/a\"b\\c\nd".to_string()))
+            .inc();
+        family.get_or_create(&Route("/plain".to_string())).inc();
+        let text = render(&registry);
+        assert!(
+            text.contains("hits_total{route=\"/a\\\"b\\\\c\\nd\"} 1\n"),
+            "{text}"
+        );
+        assert!(text.contains("hits_total{route=\"/plain\"} 1\n"), "{text}");
     }
 
     #[test]

@@ -294,6 +294,85 @@ fn reload_cycle(threads: usize) {
     assert!(!pid.exists(), "pid file left behind");
 }
 
+/// A reload that takes out group and route `a` for `b` drops their series from `/metrics`;
+/// `both`, in both files, keeps its counts. Kept for good, frozen, the series of a config
+/// churning names grew the scrape with every reload.
+#[test]
+fn a_reload_drops_the_series_of_what_it_took_out() {
+    let origin = fixed_origin("ok");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("s.toml");
+    let pid = dir.path().join("sluice.pid");
+    let listen = free_listen();
+    let config = |g: &str| {
+        format!(
+            r#"
+[server]
+listen = ["{listen}"]
+pid_file = "{}"
+
+[auth]
+api_password = "pw"
+
+[[upstreams]]
+name = "{g}"
+servers = ["{origin}"]
+
+[[upstreams]]
+name = "both"
+servers = ["{origin}"]
+
+[[routes]]
+path = "/{g}"
+upstream = "{g}"
+
+[[routes]]
+path = "/both"
+upstream = "both"
+"#,
+            pid.display()
+        )
+    };
+    std::fs::write(&file, config("a")).unwrap();
+    let mut child = start(&file, &listen, &pid);
+    let scrape = || get(&listen, "GET", "/metrics", "api_password: pw\r\n");
+    // Series with `label` in them.
+    let lines = |text: &str, label: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#') && l.contains(label))
+            .map(str::to_string)
+            .collect()
+    };
+    assert!(get(&listen, "GET", "/a", "").ends_with("ok"));
+    assert!(get(&listen, "GET", "/both", "").ends_with("ok"));
+    let before = scrape();
+    for label in ["/a\"", "group=\"a\""] {
+        assert!(!lines(&before, label).is_empty(), "no {label} in {before}");
+    }
+
+    std::fs::write(&file, config("b")).unwrap();
+    let r = get(&listen, "POST", "/admin/reload", "api_password: pw\r\n");
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    assert!(get(&listen, "GET", "/b", "").ends_with("ok"));
+    assert!(get(&listen, "GET", "/both", "").ends_with("ok"));
+    let after = scrape();
+    for label in ["/a\"", "group=\"a\""] {
+        let left = lines(&after, label);
+        assert!(
+            left.is_empty(),
+            "series of {label} left after the reload: {left:#?}"
+        );
+    }
+    for label in ["/b\"", "group=\"b\""] {
+        assert!(!lines(&after, label).is_empty(), "no {label} in {after}");
+    }
+    // One request to `/both` before the reload, one after: counted on, not reset.
+    let both = lines(&after, "sluice_reverse_requests_total{route=\"*/both\"");
+    assert_eq!(both.len(), 1, "{after}");
+    assert!(both[0].ends_with(" 2"), "{both:?}");
+    stop(&mut child);
+}
+
 /// CPU time (user + system) of process `pid` so far, in milliseconds (10 ms ticks).
 fn cpu_ms(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();

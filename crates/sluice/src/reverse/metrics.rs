@@ -3,10 +3,12 @@
 
 use crate::atomic::Counter;
 use crate::atomic::Gauge;
-use prometheus_client::encoding::EncodeLabelSet;
+use crate::metrics::Escaped;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use prometheus_client::collector::Collector;
@@ -16,23 +18,49 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use crate::upstream::group::Group;
 
 /// Labels of per-route series; `route` is `host+path` as configured.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct RouteLabels {
     pub route: String,
 }
 
 /// Labels of per-route series split by status class (`2xx`, `5xx`, ...).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct RouteClassLabels {
     pub route: String,
     pub class: &'static str,
 }
 
 /// Labels of per-server series.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct ServerLabels {
     pub group: String,
     pub server: String,
+}
+
+impl EncodeLabelSet for RouteLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [("route", Escaped(&self.route))].encode(encoder)
+    }
+}
+
+impl EncodeLabelSet for RouteClassLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [
+            ("route", Escaped(&self.route)),
+            ("class", Escaped(self.class)),
+        ]
+        .encode(encoder)
+    }
+}
+
+impl EncodeLabelSet for ServerLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [
+            ("group", Escaped(&self.group)),
+            ("server", Escaped(&self.server)),
+        ]
+        .encode(encoder)
+    }
 }
 
 fn latency() -> Histogram {
@@ -54,6 +82,8 @@ pub struct ReverseMetrics {
     pub server_healthy: HealthyServers,
     pub reloads: Family<ReloadLabels, Counter>,
     pub access_log_dropped: Counter,
+    /// Who holds the per-route and per-server series (see [`Holders`]).
+    holders: Holders,
 }
 
 /// Outcome of a reload.
@@ -77,6 +107,7 @@ impl ReverseMetrics {
             server_healthy: HealthyServers::default(),
             reloads: Family::default(),
             access_log_dropped: Counter::default(),
+            holders: Holders::default(),
         };
         let r = registry.sub_registry_with_prefix("reverse");
         r.register(
@@ -134,6 +165,63 @@ impl ReverseMetrics {
     }
 }
 
+/// What a route table's routes name: a route, and each server of its group.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+enum Holder {
+    Route(String),
+    Server(ServerLabels),
+}
+
+/// How many [`RouteMeters`] (routes of the tables alive: the live one, an old one while requests
+/// or tunnels finish on it, one a reload is building) name each route and each group's server.
+/// When the last goes (a reload took the route or the group out, or the server out of its group,
+/// and the old table's last request ended) the series go with it: kept, they stayed in `/metrics`
+/// for good with their values frozen, and a config churning names grew the scrape with every
+/// reload. A route or server the new table names again keeps its series and counts.
+#[derive(Clone, Default)]
+struct Holders(Arc<Mutex<HashMap<Holder, usize>>>);
+
+impl ReverseMetrics {
+    fn hold(&self, holder: Holder) {
+        let mut held = self.holders.0.lock().unwrap_or_else(|e| e.into_inner());
+        *held.entry(holder).or_insert(0) += 1;
+    }
+
+    /// Lets go of `holder`; the last one out removes its series (under the lock, so a table
+    /// being built meanwhile either holds it first, and it stays, or makes its series after).
+    fn release(&self, holder: Holder) {
+        let mut held = self.holders.0.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(count) = held.get_mut(&holder) else {
+            return;
+        };
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        held.remove(&holder);
+        match holder {
+            Holder::Route(route) => {
+                for class in CLASSES {
+                    self.requests.remove(&RouteClassLabels {
+                        route: route.clone(),
+                        class,
+                    });
+                }
+                let labels = RouteLabels { route };
+                self.ttfb.remove(&labels);
+                self.total.remove(&labels);
+                self.retries.remove(&labels);
+                self.spliced.remove(&labels);
+            }
+            Holder::Server(labels) => {
+                self.server_requests.remove(&labels);
+                self.server_failures.remove(&labels);
+                self.server_in_flight.remove(&labels);
+            }
+        }
+    }
+}
+
 /// `server_healthy`: 1 while a server of a route's group is usable (healthy by the active check
 /// and not ejected), read off the server when `/metrics` is scraped. Set by request attempts
 /// before, it stayed 1 through an outage the check found (or an ejection no request followed)
@@ -186,7 +274,10 @@ impl Collector for HealthyServers {
                 if !seen.insert((group.name(), server.addr())) {
                     continue;
                 }
-                let labels = [("group", group.name()), ("server", server.addr())];
+                let labels = [
+                    ("group", Escaped(group.name())),
+                    ("server", Escaped(server.addr())),
+                ];
                 ConstGauge::new(i64::from(server.is_usable()))
                     .encode(family.encode_family(&labels)?)?;
             }
@@ -195,14 +286,17 @@ impl Collector for HealthyServers {
     }
 }
 
+/// The status classes, in [`RouteMeters`]'s order.
+const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
 /// `2xx`, `4xx`... for a status code.
 pub fn class(status: u16) -> &'static str {
     match status {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
+        100..=199 => CLASSES[0],
+        200..=299 => CLASSES[1],
+        300..=399 => CLASSES[2],
+        400..=499 => CLASSES[3],
+        _ => CLASSES[4],
     }
 }
 
@@ -238,7 +332,7 @@ impl RouteMeters {
     pub fn new(families: &ReverseMetrics, route: &str, group: &Arc<Group>) -> RouteMeters {
         families.server_healthy.watch(group);
         let name = group.name();
-        RouteMeters {
+        let meters = RouteMeters {
             families: families.clone(),
             route: route.to_string(),
             group: name.to_string(),
@@ -252,7 +346,12 @@ impl RouteMeters {
                 .iter()
                 .map(|server| ServerMeters::new(name, server.addr()))
                 .collect(),
+        };
+        families.hold(Holder::Route(meters.route.clone()));
+        for server in &meters.servers {
+            families.hold(Holder::Server(server.labels.clone()));
         }
+        meters
     }
 
     fn labels(&self) -> RouteLabels {
@@ -331,6 +430,16 @@ impl RouteMeters {
     }
 }
 
+impl Drop for RouteMeters {
+    fn drop(&mut self) {
+        self.families
+            .release(Holder::Route(std::mem::take(&mut self.route)));
+        for server in &self.servers {
+            self.families.release(Holder::Server(server.labels.clone()));
+        }
+    }
+}
+
 impl ServerMeters {
     fn new(group: &str, addr: &str) -> ServerMeters {
         ServerMeters {
@@ -398,6 +507,66 @@ mod tests {
             healthy_lines(&registry),
             [line("127.0.0.1:1", 1), line("127.0.0.1:2", 0)]
         );
+    }
+
+    /// The series of a route or group a reload took out go when the last table naming them
+    /// does (the old one, once its requests end); those the new table names again keep their
+    /// counts, a request on the old table meanwhile included.
+    #[test]
+    fn series_go_with_the_last_table_naming_them() {
+        let mut registry = Registry::default();
+        let families = ReverseMetrics::new(&mut registry);
+        let series = |needle: &str| -> Vec<String> {
+            crate::metrics::render(&registry)
+                .lines()
+                .filter(|l| !l.starts_with('#') && l.contains(needle))
+                .map(str::to_string)
+                .collect()
+        };
+        let use_route = |m: &RouteMeters| {
+            m.requests(200).inc();
+            m.ttfb().observe(0.001);
+            m.retries().inc();
+            let s = m
+                .server(Some(0), &m.servers[0].labels.server.clone())
+                .into_owned();
+            m.server_requests(&s).inc();
+        };
+        let (a, both) = (
+            group("a", "[\"127.0.0.1:1\"]"),
+            group("both", "[\"127.0.0.1:2\"]"),
+        );
+        let old = [
+            RouteMeters::new(&families, "/a", &a),
+            RouteMeters::new(&families, "/both", &both),
+        ];
+        old.iter().for_each(use_route);
+        assert!(!series("\"/a\"").is_empty());
+        assert!(!series("group=\"a\"").is_empty());
+        let b = group("b", "[\"127.0.0.1:3\"]");
+        let both2 = group("both", "[\"127.0.0.1:2\"]");
+        let new = [
+            RouteMeters::new(&families, "/b", &b),
+            RouteMeters::new(&families, "/both", &both2),
+        ];
+        // A request still on the old table.
+        use_route(&old[1]);
+        drop(old);
+        drop((a, both));
+        new.iter().for_each(use_route);
+        assert_eq!(series("\"/a\""), Vec::<String>::new());
+        assert_eq!(series("group=\"a\""), Vec::<String>::new());
+        assert!(!series("\"/b\"").is_empty());
+        assert_eq!(
+            series("reverse_requests_total{route=\"/both\""),
+            ["reverse_requests_total{route=\"/both\",class=\"2xx\"} 3"]
+        );
+        assert_eq!(
+            series("reverse_server_requests_total{group=\"both\""),
+            ["reverse_server_requests_total{group=\"both\",server=\"127.0.0.1:2\"} 3"]
+        );
+        drop(new);
+        assert_eq!(series("route="), Vec::<String>::new());
     }
 
     /// A reload's new generation is reported, once per server; a group no route holds any more

@@ -3,33 +3,70 @@
 
 use crate::atomic::Counter;
 use crate::atomic::Gauge;
-use prometheus_client::encoding::EncodeLabelSet;
+use crate::metrics::Escaped;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct ListenerLabels {
     pub listener: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct RefusedLabels {
     pub listener: String,
     pub reason: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct ServerLabels {
     pub group: String,
     pub server: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct EndLabels {
     pub listener: String,
     /// `closed`, `reset`, `idle_timeout`, `total_timeout`, `shutdown`, `error`.
     pub how: &'static str,
+}
+
+impl EncodeLabelSet for ListenerLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [("listener", Escaped(&self.listener))].encode(encoder)
+    }
+}
+
+impl EncodeLabelSet for RefusedLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [
+            ("listener", Escaped(&self.listener)),
+            ("reason", Escaped(self.reason)),
+        ]
+        .encode(encoder)
+    }
+}
+
+impl EncodeLabelSet for ServerLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [
+            ("group", Escaped(&self.group)),
+            ("server", Escaped(&self.server)),
+        ]
+        .encode(encoder)
+    }
+}
+
+impl EncodeLabelSet for EndLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [
+            ("listener", Escaped(&self.listener)),
+            ("how", Escaped(self.how)),
+        ]
+        .encode(encoder)
+    }
 }
 
 fn duration_histogram() -> Histogram {

@@ -10,6 +10,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use super::{Group, Groups};
+use crate::metrics::Escaped;
 
 /// The groups currently reported; share it with whoever swaps groups on reload.
 #[derive(Debug, Clone, Default)]
@@ -65,7 +66,10 @@ impl Collector for GroupMetrics {
                 encoder.encode_descriptor(name, help, None, ConstGauge::new(0i64).metric_type())?;
             for group in &groups {
                 for server in group.servers() {
-                    let labels = [("group", group.name()), ("server", server.addr())];
+                    let labels = [
+                        ("group", Escaped(group.name())),
+                        ("server", Escaped(server.addr())),
+                    ];
                     ConstGauge::new(value(server)).encode(family.encode_family(&labels)?)?;
                 }
             }
@@ -78,7 +82,10 @@ impl Collector for GroupMetrics {
         )?;
         for group in &groups {
             for server in group.servers() {
-                let labels = [("group", group.name()), ("server", server.addr())];
+                let labels = [
+                    ("group", Escaped(group.name())),
+                    ("server", Escaped(server.addr())),
+                ];
                 ConstCounter::new(server.ejections()).encode(family.encode_family(&labels)?)?;
             }
         }
@@ -89,7 +96,7 @@ impl Collector for GroupMetrics {
             ConstCounter::new(0u64).metric_type(),
         )?;
         for group in &groups {
-            let labels = [("group", group.name())];
+            let labels = [("group", Escaped(group.name()))];
             ConstCounter::new(group.fallback_plans()).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
