@@ -27,6 +27,9 @@ impl<H: Handler> Conn<H> {
         loop {
             match self.serve_requests(&mut idle, peer).await {
                 End::Idle => {
+                    // Nothing is read or written while it waits: the record layer's buffers go
+                    // (allocated again for the next request), as the head buffer went.
+                    idle.stream.release_idle();
                     let waited = std::future::poll_fn(|cx| idle.poll_wait(&self, cx)).await;
                     if !waited {
                         return close(idle.into_stream());

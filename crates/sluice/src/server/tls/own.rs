@@ -22,7 +22,8 @@ const READ_AHEAD: usize = 4096;
 /// Sealed bytes held for a socket that is not taking them before writers are told to wait (as
 /// rustls's default buffer limit).
 const WRITE_LIMIT: usize = 64 * 1024;
-/// Buffers above this size are given back once empty, so an idle connection holds little.
+/// Buffers above this size are given back once empty, so a busy connection's do not stay large;
+/// an idle one gives back the rest (`Own::release_idle`).
 const KEEP: usize = 2 * (HEADER + MAX_CIPHERTEXT);
 /// Slices gathered into one record at most.
 const GATHER: usize = 16;
@@ -103,10 +104,35 @@ impl<IO> Own<IO> {
         &self.io
     }
 
+    /// Gives back the buffers a connection waiting for its next request does not need: the read
+    /// buffer once it holds nothing unread (no plaintext, no part of a record), the write buffer
+    /// once everything sealed was sent, and the plaintext rustls handed over once read. Each is
+    /// allocated again when next used; bytes received or sealed and not yet passed on stay.
+    pub fn release_idle(&mut self) {
+        if self.early.is_empty() && self.early.capacity() != 0 {
+            self.early = Vec::new();
+        }
+        if self.plain.is_empty() && self.rat == self.rbuf.len() && self.rbuf.capacity() != 0 {
+            self.rbuf = Vec::new();
+            self.rat = 0;
+            self.plain = 0..0;
+        }
+        if self.wat == self.wbuf.len() && self.wbuf.capacity() != 0 {
+            self.wbuf = Vec::new();
+            self.wat = 0;
+        }
+    }
+
     /// The write buffer's size (tests of its bound).
     #[cfg(test)]
     pub fn write_buffer_capacity(&self) -> usize {
         self.wbuf.capacity()
+    }
+
+    /// The bytes the connection's buffers hold allocated (tests of what an idle one keeps).
+    #[cfg(test)]
+    pub fn buffer_capacity(&self) -> usize {
+        self.rbuf.capacity() + self.wbuf.capacity() + self.early.capacity()
     }
 
     /// Seals records under one key up to `limit` only (tests of the key update it forces).
@@ -468,5 +494,164 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Own<IO> {
         }
         std::task::ready!(this.poll_send(cx))?;
         Pin::new(&mut this.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+
+    use rustls::crypto::tls13::OkmBlock;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    use super::*;
+
+    /// One end of a connection on this record layer: it opens under traffic secret `rx` (every
+    /// byte `rx`) and seals under `tx`, so two ends with the secrets crossed talk to each other.
+    fn end(io: DuplexStream, rx: u8, tx: u8, early: Vec<u8>) -> Own<DuplexStream> {
+        let suite = crate::crypto::backend::cipher_suite::TLS13_AES_128_GCM_SHA256
+            .tls13()
+            .unwrap();
+        let r = record::keys_of(suite, OkmBlock::new(&[rx; 32]));
+        let t = record::keys_of(suite, OkmBlock::new(&[tx; 32]));
+        Own::new(
+            io,
+            suite,
+            Keys {
+                protect: suite.aead_alg.decrypter(r.key, r.iv),
+                seq: 0,
+                secret: r.secret,
+            },
+            Keys {
+                protect: Sealer::new(suite, &t.key, t.iv).unwrap(),
+                seq: 0,
+                secret: t.secret,
+            },
+            Vec::new(),
+            early,
+            false,
+        )
+    }
+
+    /// A read that finds nothing to read now, as the fast path's before it waits.
+    fn reads_nothing(own: &mut Own<DuplexStream>) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut buf = [0u8; 64];
+        let mut out = ReadBuf::new(&mut buf);
+        Pin::new(own).poll_read(&mut cx, &mut out).is_pending()
+    }
+
+    /// A request whose head carries a 15 KB cookie (one record of ~15 KB), a 32 KiB answer
+    /// written at once (two full records): once the connection waits for its next request it
+    /// holds no buffer; the next request and answer come through as before.
+    #[tokio::test]
+    async fn an_idle_connection_gives_its_buffers_back() {
+        let (a, b) = tokio::io::duplex(1 << 20);
+        let mut server = end(a, 1, 2, b"GET /early HTTP/1.1\r\n\r\n".to_vec());
+        let mut client = end(b, 2, 1, Vec::new());
+        let mut early = [0u8; 23];
+        server.read_exact(&mut early).await.unwrap();
+        assert_eq!(&early, b"GET /early HTTP/1.1\r\n\r\n");
+        let head = format!("GET / HTTP/1.1\r\nCookie: {}\r\n\r\n", "c".repeat(15_000));
+        client.write_all(head.as_bytes()).await.unwrap();
+        client.flush().await.unwrap();
+        let mut got = vec![0u8; head.len()];
+        server.read_exact(&mut got).await.unwrap();
+        assert!(got == head.as_bytes());
+        let answer: Vec<u8> = (0..32 * 1024).map(|i| i as u8).collect();
+        server.write_all(&answer).await.unwrap();
+        server.flush().await.unwrap();
+        let mut back = vec![0u8; answer.len()];
+        client.read_exact(&mut back).await.unwrap();
+        assert!(back == answer);
+
+        assert!(reads_nothing(&mut server));
+        let held = server.buffer_capacity();
+        assert!(held > 32 * 1024 + 15_000, "the buffers held {held} B");
+        server.release_idle();
+        assert_eq!(server.buffer_capacity(), 0, "held {held} B before");
+
+        // The next request at once: the buffers are allocated again, nothing else changes.
+        for round in 0..2u8 {
+            let next = format!("GET /next/{round} HTTP/1.1\r\n\r\n");
+            client.write_all(next.as_bytes()).await.unwrap();
+            client.flush().await.unwrap();
+            let mut got = vec![0u8; next.len()];
+            server.read_exact(&mut got).await.unwrap();
+            assert!(got == next.as_bytes());
+            server.write_all(&answer[..1000]).await.unwrap();
+            server.flush().await.unwrap();
+            let mut back = vec![0u8; 1000];
+            client.read_exact(&mut back).await.unwrap();
+            assert!(back[..] == answer[..1000]);
+            assert!(reads_nothing(&mut server));
+            server.release_idle();
+            assert_eq!(server.buffer_capacity(), 0);
+        }
+    }
+
+    /// Bytes not passed on yet stay through `release_idle`: part of a record, plaintext not read
+    /// yet (rustls's and the record layer's), sealed bytes the socket has not taken.
+    #[tokio::test]
+    async fn release_idle_keeps_what_is_not_passed_on() {
+        // A record as the client sends it.
+        let (c, mut wire) = tokio::io::duplex(1 << 20);
+        let mut client = end(c, 2, 1, Vec::new());
+        let msg: Vec<u8> = (0..3000).map(|i| (i * 7) as u8).collect();
+        client.write_all(&msg).await.unwrap();
+        client.flush().await.unwrap();
+        let mut rec = vec![0u8; HEADER + msg.len() + 17];
+        wire.read_exact(&mut rec).await.unwrap();
+
+        let (s, mut feed) = tokio::io::duplex(2000);
+        let mut server = end(s, 1, 2, b"early bytes".to_vec());
+        let mut first = [0u8; 5];
+        server.read_exact(&mut first).await.unwrap();
+        server.release_idle();
+        // (Each check of a capacity fails at once where a lost byte would leave a read waiting.)
+        assert!(server.buffer_capacity() > 0);
+        // Part of a record.
+        feed.write_all(&rec[..10]).await.unwrap();
+        let mut rest = [0u8; 6];
+        server.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b" bytes");
+        assert!(reads_nothing(&mut server));
+        server.release_idle();
+        assert!(server.buffer_capacity() > 0);
+        feed.write_all(&rec[10..1500]).await.unwrap();
+        assert!(reads_nothing(&mut server));
+        server.release_idle();
+        let writer = tokio::spawn(async move {
+            feed.write_all(&rec[1500..]).await.unwrap();
+            feed
+        });
+        // Plaintext opened and not all read.
+        let mut got = vec![0u8; 100];
+        server.read_exact(&mut got).await.unwrap();
+        server.release_idle();
+        assert!(server.buffer_capacity() > 0);
+        got.resize(msg.len(), 0);
+        server.read_exact(&mut got[100..]).await.unwrap();
+        assert!(got == msg);
+        let mut feed = writer.await.unwrap();
+
+        // Sealed bytes the socket (room for 2,000 bytes) has not taken.
+        let answer: Vec<u8> = (0..5000).map(|i| (i * 3) as u8).collect();
+        let n = std::future::poll_fn(|cx| Pin::new(&mut server).poll_write(cx, &answer))
+            .await
+            .unwrap();
+        assert_eq!(n, answer.len());
+        server.release_idle();
+        assert!(server.write_buffer_capacity() > 0);
+        let mut back = vec![0u8; HEADER + answer.len() + 17];
+        let (flushed, read) = tokio::join!(server.flush(), feed.read_exact(&mut back));
+        flushed.unwrap();
+        read.unwrap();
+        let (c, mut wire) = tokio::io::duplex(1 << 20);
+        let mut client = end(c, 2, 1, Vec::new());
+        wire.write_all(&back).await.unwrap();
+        let mut plain = vec![0u8; answer.len()];
+        client.read_exact(&mut plain).await.unwrap();
+        assert!(plain == answer);
     }
 }

@@ -118,6 +118,14 @@ impl<IO> ServerTls<IO> {
     pub fn is_own(&self) -> bool {
         matches!(self, ServerTls::Own(_))
     }
+
+    /// The connection waits for its next request: sluice's record layer gives back the buffers
+    /// it holds nothing in (`Own::release_idle`). rustls's keeps its own.
+    pub fn release_idle(&mut self) {
+        if let ServerTls::Own(own) = self {
+            own.release_idle();
+        }
+    }
 }
 
 /// The key and IV of TLS 1.3 traffic keys.
