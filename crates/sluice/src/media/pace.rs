@@ -8,7 +8,8 @@
 //! fit, so a player's segment fetch is served late rather than failed).
 //!
 //! Two intervals, kept apart. The operator's `[media.ratelimit] hosts` entry for the destination
-//! (always on) paces every client's requests to that host: one slot per host, shared. The
+//! (always on) paces every client's requests to the hosts it covers: one slot per entry, shared
+//! by the domain and all its subdomains (a CDN's `a.` and `b.` hosts are one origin to ban). The
 //! request's `ratelimit` parameter (MediaFlow's `vidoza` = 5 s, `aggressive` = 3 s, `none`, or a
 //! number of milliseconds) paces only the requests of the client network that asked (an address,
 //! an IPv6 one by its /64): one slot per client network and host, which no other client waits
@@ -16,6 +17,12 @@
 //! anyone else's (one `ratelimit=60000` used to move the shared slot a minute out, and every other
 //! viewer of the host got a 503). A request paced both ways waits for its own slot, then takes the
 //! shared one, the two waits together bounded by `max_wait_secs`.
+//!
+//! One client network holds at most [`QUEUED_PER_CLIENT`] waiting slots of a shared entry at once;
+//! another of its requests is refused with the same 503 as a full queue, so that a few requests
+//! from one client (each closed right after it was sent) cannot push every other viewer of the
+//! host past `max_wait_secs`. A request cancelled while it waits gives its slot back when no later
+//! one was reserved behind it (one in the middle stays taken: the slots after it are promised).
 //!
 //! The table holds at most `max_hosts` entries; one client network creates at most
 //! [`per_client`] of them, and one IPv6 /48 (a site's allocation, 65,536 /64s, free from tunnel
@@ -25,7 +32,7 @@
 //! share keeps its count and its entries' instants beside the table, so a refusal reads them and
 //! walks no other client's entries.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -38,6 +45,10 @@ use super::config::ratelimit::{RateLimitConfig, MAX_INTERVAL_MS};
 use crate::error::ProxyError;
 use crate::net::per_ip::{network_of, site_of, SHARES_PER_48};
 use crate::request::RequestContext;
+
+/// Most slots of one shared entry one client network holds at once that are still to come (its
+/// requests waiting for their turn). A request that starts at once holds none.
+const QUEUED_PER_CLIENT: usize = 2;
 
 /// Most entries one client network may create: a quarter of `max_hosts`, at most 64.
 fn per_client(max_hosts: usize) -> usize {
@@ -104,9 +115,52 @@ impl Share {
     }
 }
 
+/// The slots of one shared entry still to come, and who holds them: in reservation order (their
+/// instants rise), and per client network.
+#[derive(Debug, Default)]
+struct Queue {
+    order: VecDeque<(Instant, IpAddr)>,
+    by_network: HashMap<IpAddr, VecDeque<Instant>>,
+}
+
+impl Queue {
+    /// Lets go of the slots whose turn has come.
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(_, net)) = self.order.front().filter(|(at, _)| *at <= now) {
+            self.order.pop_front();
+            if let Some(held) = self.by_network.get_mut(&net) {
+                held.pop_front();
+                if held.is_empty() {
+                    self.by_network.remove(&net);
+                }
+            }
+        }
+    }
+
+    fn push(&mut self, at: Instant, net: IpAddr) {
+        self.order.push_back((at, net));
+        self.by_network.entry(net).or_default().push_back(at);
+    }
+
+    /// Takes back the last slot when it is `at`, held by `net`.
+    fn pop_last(&mut self, at: Instant, net: IpAddr) {
+        if self.order.back() == Some(&(at, net)) {
+            self.order.pop_back();
+            if let Some(held) = self.by_network.get_mut(&net) {
+                held.pop_back();
+                if held.is_empty() {
+                    self.by_network.remove(&net);
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Table {
     slots: HashMap<Key, Slot>,
+    /// Per shared entry of `slots`, its slots still to come; it goes with the entry.
+    queued: HashMap<Key, Queue>,
     /// Every entry of `slots` by its `next`: the idle ones are at the front.
     by_next: BTreeSet<(Instant, Key)>,
     /// Entries of `slots` per creating client network; a network leaves at zero.
@@ -130,6 +184,7 @@ impl Table {
             {
                 self.walked += 1;
             }
+            self.queued.remove(&key);
             if let Some(slot) = self.slots.remove(&key) {
                 self.each_share(slot.owner, |share| share.remove(at));
             }
@@ -181,6 +236,9 @@ impl Table {
     }
 }
 
+/// An operator's rule: its domain and interval.
+type Rule<'a> = (&'a str, Duration);
+
 /// Paces requests per upstream host.
 #[derive(Debug)]
 pub struct Pacer {
@@ -217,46 +275,71 @@ impl Pacer {
         if asked.is_none() && configured.is_none() {
             return Ok(());
         }
-        let host = host_of(params);
         let client = network_of(ctx.client_ip);
         let arrived = Instant::now();
         // The client's own interval first, when it is stricter than the operator's: it holds up
         // this client alone and takes no shared slot while it waits.
-        if let Some(asked) = asked.filter(|a| configured.is_none_or(|c| *a > c)) {
-            let key = Key::Own(client, host.clone());
-            let slot = self.reserve(key, client, asked, arrived, Duration::ZERO)?;
-            tokio::time::sleep_until(slot).await;
+        if let Some(asked) = asked.filter(|a| configured.is_none_or(|(_, c)| *a > c)) {
+            let key = Key::Own(client, host_of(params));
+            self.take(key, client, asked, arrived).await?;
         }
-        if let Some(configured) = configured {
+        if let Some((rule, configured)) = configured {
             // The shared slot is judged against `max_wait` alone: the client's own interval is
             // its choice, and counting it here refused a request that had waited out its slot.
-            let now = Instant::now();
-            let slot = self.reserve(Key::Shared(host), client, configured, now, Duration::ZERO)?;
-            tokio::time::sleep_until(slot).await;
+            // It is the rule's, not the host's: every host the rule covers takes turns in it.
+            let key = Key::Shared(rule.to_string());
+            self.take(key, client, configured, Instant::now()).await?;
         }
         Ok(())
     }
 
-    /// The request's own interval (`ratelimit`) and the operator's for its host.
+    /// Reserves a slot of `key` and waits for it; cancelled while waiting, gives it back when it
+    /// is still the last one reserved.
+    async fn take(
+        &self,
+        key: Key,
+        client: IpAddr,
+        interval: Duration,
+        now: Instant,
+    ) -> Result<(), ProxyError> {
+        let slot = self.reserve(key.clone(), client, interval, now, Duration::ZERO)?;
+        let held = Held {
+            pacer: self,
+            key: Some(key),
+            client,
+            slot,
+            interval,
+        };
+        tokio::time::sleep_until(slot).await;
+        held.keep();
+        Ok(())
+    }
+
+    /// The request's own interval (`ratelimit`) and the operator's rule for its host (the rule's
+    /// domain and interval).
     fn intervals(
         &self,
         query: &Query,
         params: &ProxyParams,
-    ) -> Result<(Option<Duration>, Option<Duration>), ProxyError> {
+    ) -> Result<(Option<Duration>, Option<Rule<'_>>), ProxyError> {
         let asked = parse_param(query.get("ratelimit"))?;
-        let host = host_of(params);
-        let configured = self
-            .rules
-            .iter()
-            .filter(|(domain, _)| {
-                host == *domain
-                    || host
-                        .strip_suffix(domain.as_str())
-                        .is_some_and(|sub| sub.ends_with('.'))
-            })
-            .map(|(_, d)| *d)
-            .max();
-        Ok((asked, configured))
+        Ok((asked, self.rule_for(&host_of(params))))
+    }
+
+    /// The operator's rule covering `host` (the domain or a subdomain of it): of several, the
+    /// one with the longest interval (the first of those in the domains' order).
+    fn rule_for(&self, host: &str) -> Option<Rule<'_>> {
+        let mut best: Option<Rule<'_>> = None;
+        for (domain, interval) in &self.rules {
+            let covers = host == domain
+                || host
+                    .strip_suffix(domain.as_str())
+                    .is_some_and(|sub| sub.ends_with('.'));
+            if covers && best.is_none_or(|(_, b)| *interval > b) {
+                best = Some((domain.as_str(), *interval));
+            }
+        }
+        best
     }
 
     /// Takes the next free start slot of `key` for `client` (a client network), or refuses when it
@@ -284,6 +367,20 @@ impl Pacer {
             return Err(busy(wait));
         }
         if let Some(entry) = tracked {
+            if matches!(key, Key::Shared(_)) && slot > now {
+                // A slot to wait for: within the client's bound of waiting slots of this entry.
+                let queue = table.queued.entry(key.clone()).or_default();
+                queue.expire(now);
+                if let Some(held) = queue
+                    .by_network
+                    .get(&client)
+                    .filter(|held| held.len() >= QUEUED_PER_CLIENT)
+                {
+                    let soonest = held.front().map_or(wait, |at| *at - now);
+                    return Err(busy(soonest));
+                }
+                queue.push(slot, client);
+            }
             table.reschedule(key, entry, slot + interval);
             return Ok(slot);
         }
@@ -312,6 +409,25 @@ impl Pacer {
         }
         table.insert(key, client, slot + interval);
         Ok(slot)
+    }
+
+    /// Gives back the slot at `slot` of `key` (reserved by `client` with `interval`) when it is
+    /// still the last one reserved: the entry's next start moves back to it.
+    fn give_back(&self, key: Key, client: IpAddr, slot: Instant, interval: Duration) {
+        let mut table = self
+            .table
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(entry) = table.slots.get(&key).copied() else {
+            return;
+        };
+        if entry.next != slot + interval {
+            return;
+        }
+        if let Some(queue) = table.queued.get_mut(&key) {
+            queue.pop_last(slot, client);
+        }
+        table.reschedule(key, entry, slot);
     }
 
     /// Checks that the shares and the index agree with the entries (each count exact, no share
@@ -346,6 +462,27 @@ impl Pacer {
         }
         agree(&table.networks, networks);
         agree(&table.sites, sites);
+        // Waiting slots: only of tracked shared entries, before their next start, in order, and
+        // counted per network as listed.
+        for (key, queue) in &table.queued {
+            assert!(matches!(key, Key::Shared(_)), "{key:?}");
+            let next = table.slots[key].next;
+            assert!(queue.order.iter().all(|(at, _)| *at < next), "{key:?}");
+            assert!(queue
+                .order
+                .iter()
+                .zip(queue.order.iter().skip(1))
+                .all(|(a, b)| a.0 < b.0));
+            let mut by_network: HashMap<IpAddr, VecDeque<Instant>> = HashMap::new();
+            for (at, net) in &queue.order {
+                by_network.entry(*net).or_default().push_back(*at);
+            }
+            assert_eq!(queue.by_network, by_network, "{key:?}");
+            assert!(queue
+                .by_network
+                .values()
+                .all(|held| held.len() <= QUEUED_PER_CLIENT));
+        }
         table.walked
     }
 
@@ -353,6 +490,38 @@ impl Pacer {
     #[cfg(test)]
     fn tracked(&self) -> usize {
         self.table.lock().map_or(0, |t| t.slots.len())
+    }
+
+    /// The next free start of `key`'s entry, when it is tracked.
+    #[cfg(test)]
+    fn next_of(&self, key: &Key) -> Option<Instant> {
+        self.table.lock().unwrap().slots.get(key).map(|s| s.next)
+    }
+}
+
+/// A reserved slot being waited for: dropped before [`Held::keep`] (the request was cancelled),
+/// it is given back.
+struct Held<'a> {
+    pacer: &'a Pacer,
+    key: Option<Key>,
+    client: IpAddr,
+    slot: Instant,
+    interval: Duration,
+}
+
+impl Held<'_> {
+    /// The slot's turn came: it is used.
+    fn keep(mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.pacer
+                .give_back(key, self.client, self.slot, self.interval);
+        }
     }
 }
 
@@ -424,6 +593,11 @@ mod tests {
     const A: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 1));
     const B: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 2));
 
+    /// Client network `n` of 203.0.113.0/24, neither A nor B.
+    fn other(n: u8) -> IpAddr {
+        IpAddr::V4(std::net::Ipv4Addr::new(203, 0, 113, n))
+    }
+
     fn shared(host: &str) -> Key {
         Key::Shared(host.to_string())
     }
@@ -437,7 +611,10 @@ mod tests {
         let p = pacer(&[("cdn.example", 2_000)], 30, 10);
         let q = |s: &str| Query::parse(s);
         let sec = |n| Some(Duration::from_secs(n));
-        let at = |query: &str, url: &str| p.intervals(&q(query), &params(url)).unwrap();
+        let at = |query: &str, url: &str| {
+            let (asked, rule) = p.intervals(&q(query), &params(url)).unwrap();
+            (asked, rule.map(|(_, d)| d))
+        };
         assert_eq!(at("", "http://cdn.example/a"), (None, sec(2)));
         assert_eq!(at("", "http://edge3.CDN.example./a"), (None, sec(2)));
         assert_eq!(at("", "http://notcdn.example/a"), (None, None));
@@ -684,21 +861,21 @@ mod tests {
         // A's own slot and the shared one are free: next at +20 s and +10 s.
         p.wait(&a, &params).await.unwrap();
         assert_eq!(Instant::now(), t0);
-        // Another client's requests take the shared slots at +10, +20 and +30 s.
+        // Other clients' requests take the shared slots at +10, +20 and +30 s.
         let ten = Duration::from_secs(10);
         for n in 1..=3 {
-            let slot = p.reserve(shared("cdn.example"), B, ten, t0, Duration::ZERO);
-            assert_eq!(slot.unwrap(), t0 + ten * n);
+            let slot = p.reserve(shared("cdn.example"), other(n), ten, t0, Duration::ZERO);
+            assert_eq!(slot.unwrap(), t0 + ten * u32::from(n));
         }
         // A's next request: its own slot at +20 s, then the shared one at +40 s, 20 s later.
         p.wait(&a, &params).await.unwrap();
         assert!(Instant::now() >= t0 + ten * 4);
-        // The shared slot is still held to max_wait: with B's at +50, +60 and +70 s, A's own
-        // slot (+40 s) is free and the shared one (+80 s) is 40 s out.
+        // The shared slot is still held to max_wait: with others' at +50, +60 and +70 s, A's
+        // own slot (+40 s) is free and the shared one (+80 s) is 40 s out.
         let t40 = Instant::now();
-        for _ in 0..3 {
+        for n in 1..=3 {
             assert!(p
-                .reserve(shared("cdn.example"), B, ten, t40, Duration::ZERO)
+                .reserve(shared("cdn.example"), other(n), ten, t40, Duration::ZERO)
                 .is_ok());
         }
         let e = p.wait(&a, &params).await.unwrap_err();
@@ -722,5 +899,150 @@ mod tests {
                 p.audit();
             }
         }
+    }
+
+    /// Polls `f` once: `None` while it waits.
+    async fn poll_once<F: std::future::Future>(f: std::pin::Pin<&mut F>) -> Option<F::Output> {
+        let mut f = Some(f);
+        std::future::poll_fn(|cx| {
+            let f = f.take().expect("polled once");
+            std::task::Poll::Ready(match f.poll(cx) {
+                std::task::Poll::Ready(out) => Some(out),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
+    }
+
+    /// The attack on an operator-paced host: one network sent 7 requests for it (each may be
+    /// closed once sent) and took its shared slots to +30 s, so every other viewer of the host
+    /// got a 503. One network now holds at most `QUEUED_PER_CLIENT` waiting slots of it; its next
+    /// request is refused, and another network's request still gets a turn.
+    #[tokio::test(start_paused = true)]
+    async fn one_network_holds_at_most_its_bound_of_a_shared_host_s_turns() {
+        let p = pacer(&[("vidoza.net", 5_000)], 30, 4096);
+        let t0 = Instant::now();
+        let a = ctx("198.51.100.1", "d=http://vidoza.net/x");
+        let params = ProxyParams::from_query(&a.query).unwrap();
+        let mut waiting = Vec::new();
+        let mut refused = 0;
+        for _ in 0..7 {
+            let mut f = Box::pin(p.wait(&a, &params));
+            match poll_once(f.as_mut()).await {
+                Some(Err(e)) => {
+                    assert_eq!(e.status, StatusCode::SERVICE_UNAVAILABLE);
+                    assert_eq!(e.kind, "rate_limited");
+                    refused += 1;
+                }
+                _ => waiting.push(f),
+            }
+        }
+        // One starts at once, QUEUED_PER_CLIENT wait (+5 and +10 s); the other 4 are refused.
+        assert_eq!((waiting.len(), refused), (1 + QUEUED_PER_CLIENT, 4));
+        p.audit();
+        // Another network's request (A's still waiting) gets the +15 s turn, not a 503.
+        let b = ctx("203.0.113.9", "d=http://vidoza.net/y");
+        let r = p.wait(&b, &params).await;
+        assert!(r.is_ok(), "{r:?}");
+        // Directly: A is refused until its soonest waiting slot starts; C is not.
+        let five = Duration::from_secs(5);
+        let e = p
+            .reserve(shared("vidoza.net"), A, five, t0, Duration::ZERO)
+            .unwrap_err();
+        assert_eq!(e.retry_after, Some(5));
+        let c = other(3);
+        let slot = p.reserve(shared("vidoza.net"), c, five, t0, Duration::ZERO);
+        assert_eq!(slot.unwrap(), t0 + five * 4);
+        // Once A's +5 s turn has come, it holds one waiting slot and may take another.
+        let t5 = t0 + five;
+        let slot = p.reserve(shared("vidoza.net"), A, five, t5, Duration::ZERO);
+        assert_eq!(slot.unwrap(), t0 + five * 5);
+        p.audit();
+        drop(waiting);
+    }
+
+    /// A request cancelled while it waits (its client closed) gave nothing back: each one sent
+    /// and closed at once moved the host's next turn one interval out. The last one reserved now
+    /// gives its slot back; one with a later one behind it keeps it (those after it are promised).
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_waiter_gives_its_slot_back_when_it_is_the_last() {
+        let p = pacer(&[("cdn.example", 5_000)], 30, 4096);
+        let key = shared("cdn.example");
+        let five = Duration::from_secs(5);
+        let t0 = Instant::now();
+        // B's request starts at once; the next turn is at +5 s.
+        assert_eq!(
+            p.reserve(key.clone(), B, five, t0, Duration::ZERO).unwrap(),
+            t0
+        );
+        let a = ctx("198.51.100.1", "d=http://cdn.example/a.ts");
+        let params = ProxyParams::from_query(&a.query).unwrap();
+        // 20 requests from A (and 20 from other networks), each closed once sent.
+        for n in 0..40u8 {
+            let c = if n % 2 == 0 {
+                ctx("198.51.100.1", "d=http://cdn.example/a.ts")
+            } else {
+                ctx(&format!("203.0.113.{n}"), "d=http://cdn.example/a.ts")
+            };
+            let mut f = Box::pin(p.wait(&c, &params));
+            assert!(poll_once(f.as_mut()).await.is_none(), "{n}");
+            assert_eq!(p.next_of(&key), Some(t0 + five * 2), "{n}");
+            drop(f);
+            assert_eq!(p.next_of(&key), Some(t0 + five), "{n}");
+        }
+        p.audit();
+        // One in the middle keeps its slot; the last one's comes back.
+        let mut first = Box::pin(p.wait(&a, &params));
+        assert!(poll_once(first.as_mut()).await.is_none());
+        let b = ctx("198.51.100.2", "d=http://cdn.example/b.ts");
+        let mut second = Box::pin(p.wait(&b, &params));
+        assert!(poll_once(second.as_mut()).await.is_none());
+        assert_eq!(p.next_of(&key), Some(t0 + five * 3));
+        drop(first);
+        assert_eq!(p.next_of(&key), Some(t0 + five * 3));
+        drop(second);
+        assert_eq!(p.next_of(&key), Some(t0 + five * 2));
+        p.audit();
+        // A later request takes the given-back turn, at +10 s, not +20 s.
+        let slot = p.reserve(key.clone(), other(1), five, t0, Duration::ZERO);
+        assert_eq!(slot.unwrap(), t0 + five * 2);
+        // A request that got its turn keeps it.
+        p.wait(&a, &params).await.unwrap();
+        assert_eq!(p.next_of(&key), Some(t0 + five * 4));
+        p.audit();
+    }
+
+    /// An operator's rule paces the hosts it covers as one: before, `a.` and `b.` of a paced
+    /// domain each had a shared slot of their own, N subdomains N times the rate at the CDN.
+    #[tokio::test(start_paused = true)]
+    async fn a_rule_paces_every_host_it_covers_in_one_slot() {
+        let p = pacer(
+            &[("vidoza.net", 5_000), ("cdn.vidoza.net", 8_000)],
+            30,
+            4096,
+        );
+        assert_eq!(
+            p.rule_for("a.vidoza.net"),
+            Some(("vidoza.net", Duration::from_secs(5)))
+        );
+        assert_eq!(
+            p.rule_for("x.cdn.vidoza.net"),
+            Some(("cdn.vidoza.net", Duration::from_secs(8)))
+        );
+        assert_eq!(p.rule_for("notvidoza.net"), None);
+        let t0 = Instant::now();
+        let a = ctx("198.51.100.1", "d=http://a.vidoza.net/1.ts");
+        let pa = ProxyParams::from_query(&a.query).unwrap();
+        p.wait(&a, &pa).await.unwrap();
+        // B's request for another subdomain takes the rule's next turn, +5 s.
+        let b = ctx("198.51.100.2", "d=http://B.Vidoza.NET./2.ts");
+        let pb = ProxyParams::from_query(&b.query).unwrap();
+        let mut f = Box::pin(p.wait(&b, &pb));
+        assert!(poll_once(f.as_mut()).await.is_none());
+        let key = shared("vidoza.net");
+        assert_eq!(p.next_of(&key), Some(t0 + Duration::from_secs(10)));
+        assert_eq!(p.tracked(), 1);
+        f.await.unwrap();
+        p.audit();
     }
 }
