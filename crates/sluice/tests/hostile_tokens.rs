@@ -459,6 +459,60 @@ async fn a_playlist_entry_token_opens_channels_only() {
     assert!(origin.seen_path("/small").is_empty());
 }
 
+/// `/playlist.m3u` sealed every entry under a fresh nonce per fetch: a player fetching the list
+/// again got new URLs for every channel, each a token of its own. One client network now gets the
+/// same entries at every fetch; another network its own; an unknown client (`for=unknown` through
+/// a trusted proxy) new ones each time, shared with no other unknown client.
+#[tokio::test]
+async fn an_iptv_playlist_fetched_again_gives_the_same_entries_per_network() {
+    let mut m3u = tempfile::NamedTempFile::new().unwrap();
+    m3u.write_all(
+        b"#EXTM3U\n#EXTINF:-1,One\nrtp://239.1.2.3:5000\n#EXTINF:-1,Two\nudp://239.1.2.4:5000\n",
+    )
+    .unwrap();
+    let mut config = test_config();
+    config.auth.api_password = PW.into();
+    config.auth.trusted_proxies = vec!["127.0.0.1/32".parse().unwrap()];
+    config.iptv.playlist = Some(m3u.path().to_str().unwrap().to_string());
+    config.iptv.interface = Some("lo".into());
+    config.iptv.no_data_timeout_ms = 200;
+    let s = Sluice::start(config).await;
+    let entries = |headers: &'static [(&'static str, &'static str)]| {
+        let url = s.url(&format!("/playlist.m3u?api_password={PW}"));
+        async move {
+            let r = request("GET", &url, headers).await;
+            assert_eq!(r.status, 200);
+            let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+            let entries: Vec<String> = text
+                .lines()
+                .filter(|l| l.starts_with("http://"))
+                .map(str::to_string)
+                .collect();
+            assert_eq!(entries.len(), 2, "{text}");
+            entries
+        }
+    };
+    let first = entries(&[]).await;
+    assert_ne!(first[0], first[1]);
+    assert_eq!(
+        entries(&[]).await,
+        first,
+        "the playlist fetched again changed its entry URLs"
+    );
+    const ELSEWHERE: &[(&str, &str)] = &[("x-forwarded-for", "10.77.0.1")];
+    let other = entries(ELSEWHERE).await;
+    assert_ne!(other[0], first[0]);
+    assert_ne!(other[1], first[1]);
+    assert_eq!(entries(ELSEWHERE).await, other);
+    // Each is authorized where it was given (the gateway answers 504: the group sends nothing).
+    assert_eq!(request("GET", &other[0], ELSEWHERE).await.status, 504);
+    assert_eq!(get(&first[1]).await.status, 504);
+    const UNKNOWN: &[(&str, &str)] = &[("forwarded", "for=unknown")];
+    let unknown = entries(UNKNOWN).await;
+    assert_ne!(entries(UNKNOWN).await[0], unknown[0]);
+    assert_ne!(unknown[0], first[0]);
+}
+
 /// An RTSP entry's token is scoped to its one channel path, which the gateway appends verbatim
 /// to `rtsp://host:port`: a dot segment (plain or percent-encoded) or an empty one after the
 /// entry would walk the RTSP server to a sibling the scope never named. Refused, with the same

@@ -72,8 +72,9 @@ impl App {
             // per login (each `player_api.php` seals the account under a fresh nonce), so it
             // counts by the account and limits it grants; one that does not open is refused by
             // the XC handler, and counts by its text meanwhile. Another sealed token has one
-            // spelling: a `/playlist/playlist` fetch hands a client network the entries it was
-            // given before (`auth::reuse`), so fetching the merge again is no new share. (Keying
+            // spelling: a `/playlist/playlist` fetch gives a client network the same entries at
+            // every fetch (a nonce derived from grant and network, `TokenGate::mint_entry`), so
+            // fetching the merge again is no new share. (Keying
             // entries by their grant alone made every viewer of a channel share one, the lockout
             // children and entries are minted per viewer to avoid.)
             let bytes = match (sluice_media::token::sealed::is_sealed(&raw), is_xc) {

@@ -116,9 +116,12 @@ impl App {
         if let Some(gate) = self.keys.tokens() {
             // Each entry's token opens that channel alone (its path, its query fixed), with no
             // expiry of its own: a saved playlist keeps working, and cannot open other groups.
+            // One client network gets the same entries at every fetch (a nonce derived from the
+            // grant and the network, `TokenGate::mint_entry`): the same URLs, the same share.
             let parent = ctx.token.clone();
+            let client = ctx.client_ip;
             let seal = move |path: &str, params: &[(String, String)]| {
-                let token = gate.mint(params, &[path], parent.as_ref(), false, token::now());
+                let token = gate.mint_entry(params, &[path], parent.as_ref(), client);
                 format!("/_token_{token}")
             };
             parts

@@ -1,19 +1,20 @@
 //! Child tokens reused across manifest reloads: the same child of the same parent gets the same
-//! token while that token still has at least half the child lifetime ahead of it. And entries of
-//! a merged playlist (`/playlist/playlist`), which do not expire of their own, reused while they
-//! are remembered ([`Reuse::get_or_mint_lasting`]).
+//! token while that token still has at least half the child lifetime ahead of it.
 //!
 //! A live playlist is fetched again every few seconds, and players compare the segment URLs of
 //! one reload with the last (hls.js refuses a live playlist whose segment paths changed under the
 //! same sequence number). A fresh random nonce per reload would give every segment a new URL each
-//! time; reusing the token keeps URLs stable for as long as a segment stays listed. A merged
-//! playlist's entry sealed again per fetch was a new token text, so a new full share of
-//! `media.max_requests_per_token` (counted by a sealed token's text): re-fetching the merge
-//! multiplied the cap.
+//! time; reusing the token keeps URLs stable for as long as a segment stays listed.
 //!
 //! Reuse is per client network (an IPv4 address, an IPv6 /64): children are counted per token
 //! (`media.max_requests_per_token`), and one token shared by every viewer of a channel would make
 //! that one cap for all of them, which a single viewer holding slow requests fills.
+//!
+//! Playlist entries (`/playlist/playlist`, `/playlist.m3u`), which have no expiry of their own,
+//! are not kept here: a merge lists up to `media.max_merged_entries` of them, which would push
+//! out its own earliest before the next fetch and, meanwhile, the children live viewers reload.
+//! Their tokens are sealed under a nonce derived from the grant and the client network instead
+//! (`TokenGate::mint_entry`), so they are stable with nothing remembered.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -100,44 +101,7 @@ impl Reuse {
         mint: impl FnOnce() -> (String, Option<u64>),
     ) -> String {
         let net = network_of(client);
-        let key = key(Kind::Child, params, paths, parent, net);
-        self.get_or_insert(key, net, parent, now, child_ttl, mint)
-    }
-
-    /// The token remembered for this non-expiring grant (a merged playlist's entry: the parent's
-    /// expiry and address, no expiry of its own) for a request from `client`'s network, or the
-    /// one `mint` makes (then remembered). Handed out while remembered and while the parent's
-    /// expiry (part of the key) has not passed: the same network fetching the merge again gets
-    /// the same entry URLs, so the same token text and the same in-flight share; another network
-    /// gets its own. Kept apart from expiring children of the same grant (another kind of key),
-    /// so neither is ever handed the other's expiry.
-    pub fn get_or_mint_lasting(
-        &self,
-        params: &[(String, String)],
-        paths: &[&str],
-        parent: Option<&TokenScope>,
-        client: IpAddr,
-        now: u64,
-        mint: impl FnOnce() -> String,
-    ) -> String {
-        let net = network_of(client);
-        let key = key(Kind::Lasting, params, paths, parent, net);
-        // It expires with its parent (or never): `stale_at` hands it out until then.
-        let exp = parent.and_then(|p| p.exp);
-        self.get_or_insert(key, net, parent, now, 0, || (mint(), exp))
-    }
-
-    /// The token remembered under `key` (of client network `net`), while [`stale_at`] says it
-    /// may be handed out, or the one `mint` makes (then remembered).
-    fn get_or_insert(
-        &self,
-        key: String,
-        net: IpAddr,
-        parent: Option<&TokenScope>,
-        now: u64,
-        child_ttl: u64,
-        mint: impl FnOnce() -> (String, Option<u64>),
-    ) -> String {
+        let key = key(params, paths, parent, net);
         let parent_exp = parent.and_then(|p| p.exp);
         let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = tokens.by_key.get(key.as_str()) {
@@ -259,30 +223,17 @@ impl Tokens {
     }
 }
 
-/// Which kind of token a key is for: an expiring child, or a non-expiring one (a merged
-/// playlist's entry). One grant minted both ways is two tokens with two expiries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Child,
-    Lasting,
-}
-
-/// Everything that shapes the grant (its kind, parameters, scope and the parent's limits), and
-/// whose network it is for. Each field is length-prefixed ([`Fields`]): joined raw with separator
-/// characters, a carried parameter holding them (`h_x=a\u{1}b`, which a query can carry) made
-/// two children one key, so one was handed the other's token.
+/// Everything that shapes the grant (parameters, scope and the parent's limits), and whose network
+/// it is for. Each field is length-prefixed ([`Fields`]): joined raw with separator characters, a
+/// carried parameter holding them (`h_x=a\u{1}b`, which a query can carry) made two children
+/// one key, so one was handed the other's token.
 fn key(
-    kind: Kind,
     params: &[(String, String)],
     paths: &[&str],
     parent: Option<&TokenScope>,
     client: IpAddr,
 ) -> String {
     let mut out = Fields::default();
-    out.tag(match kind {
-        Kind::Child => 'c',
-        Kind::Lasting => 'l',
-    });
     out.grant(params, paths);
     match parent {
         None => out.tag('-'),
@@ -643,61 +594,6 @@ mod tests {
         assert_consistent(&reuse.tokens.lock().unwrap());
     }
 
-    /// A merged playlist's entries (no expiry of their own) were sealed again per fetch, each
-    /// fetch a new token text with a new in-flight share. Now one network keeps its entry while
-    /// it is remembered; another network, another parent limit, or an expiring child of the same
-    /// grant gets its own.
-    #[test]
-    fn lasting_entries_are_reused_per_client_network_and_parent_limits() {
-        let reuse = Reuse::default();
-        let params = [("d".to_string(), "http://o/ch1.m3u8".to_string())];
-        let scope = ["=/proxy/hls/manifest.m3u8"];
-        let parent = |exp: Option<u64>, ip: Option<&str>| TokenScope {
-            exp,
-            ip: ip.map(str::to_string),
-            paths: Some(vec!["/playlist/playlist".to_string()]),
-        };
-        let entry = |client: &str, parent: Option<&TokenScope>, now: u64, token: &str| {
-            let client = client.parse().unwrap();
-            reuse.get_or_mint_lasting(&params, &scope, parent, client, now, || token.to_string())
-        };
-        // Without a parent (the password): reused by one network at any later time.
-        assert_eq!(entry("10.0.0.1", None, 100, "a1"), "a1");
-        assert_eq!(
-            entry("10.0.0.1", None, u64::MAX - 1, "a2"),
-            "a1",
-            "fetched again"
-        );
-        assert_eq!(entry("10.0.0.2", None, 100, "b1"), "b1", "another network");
-        assert_eq!(entry("10.0.0.2", None, 200, "b2"), "b1");
-        assert_eq!(entry("2001:db8::1", None, 100, "c1"), "c1");
-        assert_eq!(entry("2001:db8::2", None, 100, "c2"), "c1", "one /64");
-        assert_eq!(entry("10.0.0.1", None, 300, "a3"), "a1");
-        // A parent's expiry and address are part of the key: each its own entry.
-        let p1 = parent(Some(1000), None);
-        let p2 = parent(Some(2000), None);
-        let p3 = parent(Some(1000), Some("10.0.0.1"));
-        assert_eq!(entry("10.0.0.1", Some(&p1), 100, "p1"), "p1");
-        assert_eq!(entry("10.0.0.1", Some(&p2), 100, "p2"), "p2");
-        assert_eq!(entry("10.0.0.1", Some(&p3), 100, "p3"), "p3");
-        assert_eq!(entry("10.0.0.1", Some(&p1), 999, "x"), "p1");
-        // Past the parent's expiry it is not handed out again (nor is the parent accepted).
-        assert_eq!(entry("10.0.0.1", Some(&p1), 1000, "p1b"), "p1b");
-        // An expiring child of the same grant for the same network is another token.
-        let child = reuse.get_or_mint(
-            &params,
-            &scope,
-            None,
-            "10.0.0.1".parse().unwrap(),
-            100,
-            60,
-            || ("child".to_string(), Some(160)),
-        );
-        assert_eq!(child, "child");
-        assert_eq!(entry("10.0.0.1", None, 100, "a4"), "a1");
-        assert_consistent(&reuse.tokens.lock().unwrap());
-    }
-
     /// Keys were the fields joined raw with `\u{1}`..`\u{3}`: a carried parameter holding those
     /// characters made another child's key, and was handed that child's token.
     #[test]
@@ -722,8 +618,8 @@ mod tests {
             ),
         ];
         for (a, b) in &pairs {
-            let ka = key(Kind::Child, a, &["/proxy/hls/"], None, client);
-            let kb = key(Kind::Child, b, &["/proxy/hls/"], None, client);
+            let ka = key(a, &["/proxy/hls/"], None, client);
+            let kb = key(b, &["/proxy/hls/"], None, client);
             assert_ne!(ka, kb, "{a:?} / {b:?}");
         }
         // Through the memory: the second child is minted, not handed the first one's token.
@@ -744,8 +640,8 @@ mod tests {
             paths: None,
         };
         assert_ne!(
-            key(Kind::Child, a, &[], Some(&parent("1.2.3.4")), client),
-            key(Kind::Child, a, &[], Some(&parent("1.2.3.5")), client)
+            key(a, &[], Some(&parent("1.2.3.4")), client),
+            key(a, &[], Some(&parent("1.2.3.5")), client)
         );
         assert_ne!(
             grant_bytes(&p(&[("d", "x")]), &["/a", "/b"], None, None),

@@ -141,6 +141,83 @@ pub struct TokenGate {
     /// Child tokens reused across manifest reloads (`auth::reuse`); starts empty with each
     /// password, sealing key or child lifetime (`TokenGate::reloaded`).
     reuse: std::sync::Arc<super::reuse::Reuse>,
+    /// Derives playlist entries' nonces ([`TokenGate::mint_entry`]); a new one with each
+    /// password (`TokenGate::reloaded`).
+    entry_nonces: EntryNonces,
+}
+
+/// The secret a playlist entry's nonce is derived under (HMAC-SHA256, [`EntryNonces::of`]):
+/// random, drawn once per password and process, never written anywhere.
+#[derive(Clone)]
+struct EntryNonces([u8; 32]);
+
+/// Without the secret.
+impl std::fmt::Debug for EntryNonces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EntryNonces(..)")
+    }
+}
+
+/// Domain tag in front of every entry nonce's input: nothing else hashed under the secret can
+/// come out the same.
+const ENTRY_NONCE_CONTEXT: &[u8] = b"sluice playlist entry nonce v1";
+
+impl EntryNonces {
+    fn random() -> Self {
+        let mut secret = [0u8; 32];
+        // The OS generator failing is not recoverable: a fixed secret would make every nonce
+        // guessable (though never reused for two plaintexts).
+        getrandom::getrandom(&mut secret).expect("operating system random generator");
+        EntryNonces(secret)
+    }
+
+    /// The nonce `grant` is sealed under for client network `net` (an IPv4 address, an IPv6
+    /// /64, never the unspecified address): HMAC-SHA256 under the secret of the domain tag, the
+    /// grant's serialized form (the exact plaintext [`SealedKey::seal`] encrypts, its length in
+    /// front) and the network (its family, then its octets), cut to [`sealed::NONCE_LEN`].
+    ///
+    /// Why a derived nonce is safe (the SIV construction, RFC 5297's argument): XChaCha20-Poly1305
+    /// breaks only when one key seals two *different* plaintexts under one nonce (the keystream
+    /// and the Poly1305 key repeat). Here the nonce is a pseudo-random function of the plaintext
+    /// (and the network): two different plaintexts get the same nonce only by a collision of
+    /// 192-bit PRF outputs, as unlikely as two random nonces colliding, which the random nonces
+    /// of every other token already accept. The same plaintext under the same nonce is the same
+    /// ciphertext, which tells an observer only that two tokens are one (their text is equal
+    /// anyway). A nonce colliding with a random one (children, links) is the same 2^-192 chance.
+    /// The secret is unknown outside the process, so a nonce tells nothing of the grant, and no
+    /// one outside can predict another network's token.
+    fn of(&self, grant: &Grant, net: IpAddr) -> [u8; sealed::NONCE_LEN] {
+        // Serialising a struct of strings and integers cannot fail (as in `SealedKey::seal`).
+        let plain = serde_json::to_vec(grant).unwrap_or_default();
+        let (family, octets): (u8, Vec<u8>) = match net {
+            IpAddr::V4(v4) => (4, v4.octets().to_vec()),
+            IpAddr::V6(v6) => (6, v6.octets().to_vec()),
+        };
+        let mac = hmac_sha256(
+            &self.0,
+            &[
+                ENTRY_NONCE_CONTEXT,
+                &(plain.len() as u64).to_be_bytes(),
+                &plain,
+                &[family],
+                &octets,
+            ],
+        );
+        let mut nonce = [0u8; sealed::NONCE_LEN];
+        nonce.copy_from_slice(&mac[..sealed::NONCE_LEN]);
+        nonce
+    }
+}
+
+/// HMAC-SHA256 (RFC 2104) of the concatenation of `parts` under `key`.
+fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    let mut mac =
+        <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes a key of any length");
+    for part in parts {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().into()
 }
 
 impl TokenGate {
@@ -151,7 +228,12 @@ impl TokenGate {
             return None;
         }
         let sealed = SealedKey::derive(password).sealing_with_legacy(config.seal_with_legacy_key);
-        Some(Self::build(config, sealed, Default::default()))
+        Some(Self::build(
+            config,
+            sealed,
+            Default::default(),
+            EntryNonces::random(),
+        ))
     }
 
     /// The gate for a reloaded `[auth]`, given the running one. With the same password it keeps
@@ -160,7 +242,8 @@ impl TokenGate {
     /// keeps the children minted so far, so a reload that did not touch them leaves every
     /// manifest's child URLs as they were. A change of either starts the children over: none
     /// sealed under the key just turned off, nor lasting longer than the new lifetime, is handed
-    /// out again.
+    /// out again. Playlist entries' nonces keep their secret with the password (a reload that
+    /// keeps it leaves entry URLs as they were) and draw a new one with a new password.
     pub fn reloaded(config: &AuthConfig, running: Option<&TokenGate>) -> Option<Self> {
         let password = config.api_password.as_str();
         let digest: [u8; 32] = Sha256::digest(password.as_bytes()).into();
@@ -179,7 +262,12 @@ impl TokenGate {
         } else {
             Default::default()
         };
-        Some(Self::build(config, sealed, reuse))
+        Some(Self::build(
+            config,
+            sealed,
+            reuse,
+            running.entry_nonces.clone(),
+        ))
     }
 
     /// A gate for `config`'s (non-empty) password over a key derived from it.
@@ -187,6 +275,7 @@ impl TokenGate {
         config: &AuthConfig,
         sealed: SealedKey,
         reuse: std::sync::Arc<super::reuse::Reuse>,
+        entry_nonces: EntryNonces,
     ) -> Self {
         let password = config.api_password.as_str();
         TokenGate {
@@ -197,6 +286,7 @@ impl TokenGate {
             digest: Sha256::digest(password.as_bytes()).into(),
             child_ttl: config.child_token_ttl_secs,
             reuse,
+            entry_nonces,
         }
     }
 
@@ -275,19 +365,31 @@ impl TokenGate {
         expires: bool,
         now: u64,
     ) -> String {
+        let grant = self.grant(params, paths, parent, expires, now);
+        self.sealed.seal(&grant, random_nonce())
+    }
+
+    /// What [`TokenGate::mint`] seals.
+    fn grant(
+        &self,
+        params: &[(String, String)],
+        paths: &[&str],
+        parent: Option<&TokenScope>,
+        expires: bool,
+        now: u64,
+    ) -> Grant {
         let parent_exp = parent.and_then(|p| p.exp);
         let own = expires.then(|| now.saturating_add(self.child_ttl));
         let exp = match (parent_exp, own) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let grant = Grant {
+        Grant {
             params: params.to_vec(),
             scope: paths.iter().map(|p| p.to_string()).collect(),
             exp,
             ip: parent.and_then(|p| p.ip.clone()),
-        };
-        self.sealed.seal(&grant, random_nonce())
+        }
     }
 
     /// [`TokenGate::mint`] of an expiring child, reusing the token this child of this parent
@@ -310,24 +412,34 @@ impl TokenGate {
             })
     }
 
-    /// [`TokenGate::mint`] of a token without an expiry of its own (a merged playlist's entry:
-    /// the parent's expiry and address), reusing the one this grant was last given for
-    /// `client`'s network while it is remembered and the parent has not expired
-    /// ([`super::reuse::Reuse::get_or_mint_lasting`]): fetching the merge again gives the same
-    /// entry URLs, so the same in-flight share of `media.max_requests_per_token` (counted by a
-    /// sealed token's text), not a new one per fetch.
+    /// [`TokenGate::mint`] of a playlist entry (`/playlist/playlist`, `/playlist.m3u`): no
+    /// expiry of its own (the parent's expiry and address), sealed under a nonce derived from
+    /// the grant and `client`'s network ([`EntryNonces::of`]) rather than a random one. The
+    /// same grant for the same network is the same token text at every fetch, so the same
+    /// in-flight share of `media.max_requests_per_token` (counted by a sealed token's text), not
+    /// a new one per fetch; another network (an IPv4 address, an IPv6 /64) gets its own, so
+    /// one viewer holding slow requests does not lock a channel for every viewer. Nothing is
+    /// remembered, so a merge of any size costs no memory and pushes out nothing (a memory of
+    /// entries evicted its own earliest and live viewers' children). A refreshed parent (a new
+    /// expiry) is another grant, so new entries. An unknown client (`auth::UNKNOWN_CLIENT`, the
+    /// unspecified address) is no network: its entries get a random nonce each, never shared
+    /// with another unknown client.
     pub fn mint_entry(
         &self,
         params: &[(String, String)],
         paths: &[&str],
         parent: Option<&TokenScope>,
         client: IpAddr,
-        now: u64,
     ) -> String {
-        self.reuse
-            .get_or_mint_lasting(params, paths, parent, client, now, || {
-                self.mint(params, paths, parent, false, now)
-            })
+        // An entry does not expire of its own: the time does not enter its grant.
+        let grant = self.grant(params, paths, parent, false, 0);
+        let net = crate::net::per_ip::network_of(client);
+        let nonce = if net.is_unspecified() {
+            random_nonce()
+        } else {
+            self.entry_nonces.of(&grant, net)
+        };
+        self.sealed.seal(&grant, nonce)
     }
 }
 
@@ -643,17 +755,22 @@ mod tests {
         let child = |gate: &TokenGate| {
             gate.mint_child(&pairs(&[("d", "x")]), &["/proxy/hls/"], None, IP, 1000)
         };
+        let entry =
+            |gate: &TokenGate| gate.mint_entry(&pairs(&[("d", "x")]), &["/proxy/hls/"], None, IP);
         let running = TokenGate::new(&config("pw", false, 100)).unwrap();
         let before = child(&running);
+        let entry_before = entry(&running);
         // Same password, key settings and lifetime (another MediaFlow choice): same child URL.
         let mut same = config("pw", false, 100);
         same.accept_mediaflow_tokens = false;
         let kept = TokenGate::reloaded(&same, Some(&running)).unwrap();
         assert_eq!(child(&kept), before);
+        assert_eq!(entry(&kept), entry_before);
         assert!(kept.open(&before, IP, 1000).is_ok());
         // A new password: a new key, the old children refused, none handed out again.
         let moved = TokenGate::reloaded(&config("pw2", false, 100), Some(&kept)).unwrap();
         assert_ne!(child(&moved), before);
+        assert_ne!(entry(&moved), entry_before);
         assert!(matches!(
             moved.open(&before, IP, 1000),
             Err(TokenRefusal::Sealed(SealedError::Authentication))
@@ -740,6 +857,109 @@ mod tests {
         ] {
             assert!(!why.is_guess(), "{why}");
         }
+    }
+
+    /// Merged-playlist entries were remembered in the children's reuse memory (65,536 tokens, a
+    /// quarter per network once full): a merge longer than that evicted its own earliest entries
+    /// before the next fetch came back to them, so every fetch was new tokens and new shares.
+    /// Derived nonces need no memory: any number of entries come out the same for one network,
+    /// another network's differ, and each opens to its own grant.
+    #[test]
+    fn entries_are_the_same_at_every_fetch_for_one_network_however_many() {
+        let g = gate(false);
+        let scope = ["=/proxy/hls/manifest.m3u8"];
+        let params = |i: usize| pairs(&[("d", &format!("http://o/ch{i}.m3u8"))]);
+        let here: IpAddr = "10.0.0.1".parse().unwrap();
+        let there: IpAddr = "10.0.0.2".parse().unwrap();
+        const N: usize = 70_000;
+        let first: Vec<String> = (0..N)
+            .map(|i| g.mint_entry(&params(i), &scope, None, here))
+            .collect();
+        for (i, token) in first.iter().enumerate() {
+            assert_eq!(
+                &g.mint_entry(&params(i), &scope, None, here),
+                token,
+                "entry {i} fetched again"
+            );
+            let o = g.open(token, IP, u64::MAX).unwrap();
+            assert_eq!(o.params, params(i), "entry {i}");
+            assert_eq!(o.scope.paths, Some(vec![scope[0].to_string()]));
+            assert_eq!(o.scope.exp, None);
+        }
+        let distinct: std::collections::HashSet<&String> = first.iter().collect();
+        assert_eq!(distinct.len(), N);
+        for (i, token) in first.iter().enumerate() {
+            let elsewhere = g.mint_entry(&params(i), &scope, None, there);
+            assert_ne!(&elsewhere, token, "entry {i} for another network");
+            if i % 1000 == 0 {
+                assert_eq!(g.open(&elsewhere, IP, 0).unwrap().params, params(i));
+            }
+        }
+    }
+
+    /// The nonce is derived from the grant, the client network and a per-password secret: an
+    /// IPv6 /64 is one network, a parent's limits are part of the grant, and an unknown client
+    /// (the unspecified address) gets a fresh token each time, shared with no other.
+    #[test]
+    fn an_entry_follows_its_grant_and_network_and_an_unknown_client_shares_none() {
+        let g = gate(false);
+        let params = pairs(&[("d", "http://o/ch1.m3u8")]);
+        let scope = ["=/proxy/hls/manifest.m3u8"];
+        let entry = |g: &TokenGate, parent: Option<&TokenScope>, client: &str| {
+            g.mint_entry(&params, &scope, parent, client.parse().unwrap())
+        };
+        assert_eq!(
+            entry(&g, None, "2001:db8::1"),
+            entry(&g, None, "2001:db8::2"),
+            "one /64"
+        );
+        assert_ne!(
+            entry(&g, None, "2001:db8::1"),
+            entry(&g, None, "2001:db8:0:1::1")
+        );
+        assert_eq!(
+            entry(&g, None, "::ffff:10.0.0.1"),
+            entry(&g, None, "10.0.0.1")
+        );
+        let parent = |exp: u64, ip: Option<&str>| TokenScope {
+            exp: Some(exp),
+            ip: ip.map(str::to_string),
+            paths: Some(vec!["/playlist/playlist".to_string()]),
+        };
+        let a = entry(&g, Some(&parent(1000, None)), "10.0.0.1");
+        assert_eq!(a, entry(&g, Some(&parent(1000, None)), "10.0.0.1"));
+        assert_eq!(g.open(&a, IP, 1000).unwrap().scope.exp, Some(1000));
+        for other in [parent(2000, None), parent(1000, Some("127.0.0.1"))] {
+            let b = entry(&g, Some(&other), "10.0.0.1");
+            assert_ne!(a, b, "{other:?}");
+            assert_eq!(g.open(&b, IP, 1000).unwrap().scope.exp, other.exp);
+        }
+        for unknown in ["0.0.0.0", "::", "::ffff:0.0.0.0"] {
+            let one = entry(&g, None, unknown);
+            assert_ne!(one, entry(&g, None, unknown), "{unknown}");
+            assert_eq!(g.open(&one, IP, 0).unwrap().params, params);
+        }
+        // Another gate for the same password (a restart) draws another secret.
+        assert_ne!(
+            entry(&gate(false), None, "10.0.0.1"),
+            entry(&g, None, "10.0.0.1")
+        );
+    }
+
+    /// RFC 4231 test case 2.
+    #[test]
+    fn hmac_sha256_is_rfc_2104s() {
+        assert_eq!(
+            hex(&hmac_sha256(
+                b"Jefe",
+                &[b"what do ya ", b"want for nothing?"]
+            )),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
     #[test]

@@ -175,9 +175,9 @@ struct Linker {
     origin: String,
     gate: Option<Arc<TokenGate>>,
     parent: Option<TokenScope>,
-    /// The client's address: entries are reused per client network.
+    /// The client's address: an entry's token is the same at every fetch from one client
+    /// network, another network's its own.
     client: std::net::IpAddr,
-    now: u64,
 }
 
 impl Linker {
@@ -187,7 +187,6 @@ impl Linker {
             gate: gate.cloned(),
             parent: ctx.token.clone(),
             client: ctx.client_ip,
-            now: token::now(),
         }
     }
 
@@ -197,25 +196,20 @@ impl Linker {
     /// token's expiry and address; it fixes every parameter, so a holder can fetch that one
     /// channel and nothing else.
     ///
-    /// The token is the one this entry was last given for the client's network (an IPv4
-    /// address, an IPv6 /64), while remembered (`auth::reuse`, bounded) and while the parent's
-    /// expiry is the same (`TokenGate::mint_entry`): a sealed token's in-flight share
-    /// (`media.max_requests_per_token`) is keyed by its text, and a fresh nonce per fetch gave
-    /// every channel a new full share each time the merge was fetched again. Another network
-    /// gets its own token, so its own share: one viewer holding slow requests does not lock a
-    /// channel for every viewer.
+    /// The token is sealed under a nonce derived from its grant and the client's network (an
+    /// IPv4 address, an IPv6 /64; `TokenGate::mint_entry`), so one network gets the same token
+    /// at every fetch with nothing remembered, however long the merge: a sealed token's
+    /// in-flight share (`media.max_requests_per_token`) is keyed by its text, and a fresh nonce
+    /// per fetch gave every channel a new full share each time the merge was fetched again.
+    /// Another network gets its own token, so its own share: one viewer holding slow requests
+    /// does not lock a channel for every viewer.
     fn url(&self, target: &ProxyTarget) -> String {
         let path = target.endpoint.path();
         match &self.gate {
             Some(gate) => {
                 let scope = super::links::child_scope(path);
-                let t = gate.mint_entry(
-                    &target.params,
-                    &[&scope],
-                    self.parent.as_ref(),
-                    self.client,
-                    self.now,
-                );
+                let t =
+                    gate.mint_entry(&target.params, &[&scope], self.parent.as_ref(), self.client);
                 format!("{}/_token_{t}{path}", self.origin)
             }
             None => format!(
