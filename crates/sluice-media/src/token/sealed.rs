@@ -158,7 +158,8 @@ impl SealedKey {
         }
     }
 
-    /// Seals a grant into a token with the given (random, never reused) nonce.
+    /// Seals a grant into a token with the given nonce: random, or derived from the grant itself
+    /// (never one nonce for two different grants: that would break the cipher).
     pub fn seal(&self, grant: &Grant, nonce: [u8; NONCE_LEN]) -> String {
         // Serialising a struct of strings and integers cannot fail.
         let plain = serde_json::to_vec(grant).unwrap_or_default();
