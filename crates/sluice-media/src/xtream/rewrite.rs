@@ -169,22 +169,21 @@ impl Rewriter<'_> {
                         encoded_before(u, hit.start).map(|d| d.map(|b| b.to_ascii_uppercase())),
                         Some([b'2', b'F'] | [b'3', b'D'] | [b'3', b'A'])
                     );
-                    (matches!(before, Some(b'/' | b'=' | b':')) || encoded)
-                        && matches!(
-                            after,
-                            None | Some(
-                                b'/' | b'&'
-                                    | b','
-                                    | b'|'
-                                    | b'\\'
-                                    | b'?'
-                                    | b'#'
-                                    | b':'
-                                    | b'@'
-                                    | b';'
-                                    | b'%'
-                            )
-                        )
+                    let ends = match after {
+                        None => true,
+                        // An encoded separator after it (`%2F`, `%3F`, `%26`, `%3A`, `%23`, in
+                        // either letter case, at any depth): a nested URL. Not any other escape:
+                        // `alice%40x` is another user, `alice@x`.
+                        Some(b'%') => matches!(
+                            decoded_at(u, hit.end, false).0,
+                            b'/' | b'?' | b'&' | b':' | b'#'
+                        ),
+                        Some(c) => matches!(
+                            c,
+                            b'/' | b'&' | b',' | b'|' | b'\\' | b'?' | b'#' | b':' | b'@' | b';'
+                        ),
+                    };
+                    (matches!(before, Some(b'/' | b'=' | b':')) || encoded) && ends
                 };
                 // As written, or with any of its bytes percent-encoded (`user%40x`, `%61lice`),
                 // at any depth (`user%2540x` in a nested URL written encoded), and with `/` as
@@ -557,7 +556,8 @@ fn next_scheme(body: &[u8], from: usize, escaped: bool) -> Option<(usize, usize)
 /// never costs the name's length at each.
 struct Spellings<'t> {
     text: &'t [u8],
-    user: &'t [u8],
+    /// The username as decoded the same way as `text` (see [`Spellings::new`]).
+    user: Vec<u8>,
     escaped: bool,
     /// The longest proper prefix of `user[..=i]` that is also its suffix, for each `i`.
     fail: Vec<usize>,
@@ -570,7 +570,18 @@ struct Spellings<'t> {
 }
 
 impl<'t> Spellings<'t> {
-    fn new(text: &'t [u8], user: &'t [u8], escaped: bool) -> Spellings<'t> {
+    /// The search for `user` in `text`. The name is decoded as the text is, so the one that
+    /// holds what reads as an escape (`ab%41`, which `text` gives as `abA` in each of its
+    /// spellings: `ab%41` as written, `ab%2541` encoded) is found in every one of them.
+    fn new(text: &'t [u8], user: &[u8], escaped: bool) -> Spellings<'t> {
+        let mut decoded = Vec::with_capacity(user.len());
+        let mut at = 0;
+        while at < user.len() {
+            let (byte, len) = decoded_at(user, at, false);
+            decoded.push(byte);
+            at += len;
+        }
+        let user = decoded;
         let mut fail = vec![0; user.len()];
         let mut k = 0;
         for i in 1..user.len() {
@@ -584,10 +595,10 @@ impl<'t> Spellings<'t> {
         }
         Spellings {
             text,
+            starts: vec![0; user.len()],
             user,
             escaped,
             fail,
-            starts: vec![0; user.len()],
             at: 0,
             read: 0,
             matched: 0,
@@ -596,25 +607,31 @@ impl<'t> Spellings<'t> {
 
     /// The byte at `at` as decoded, and how many bytes of `text` it takes.
     fn decoded(&self, at: usize) -> (u8, usize) {
-        let text = self.text;
-        let hex = |i: usize| text.get(i).and_then(|&c| (c as char).to_digit(16));
-        match text[at] {
-            b'%' => {
-                // `%25` stands for `%`: past each, the escape it encoded.
-                let mut end = at + 1;
-                while text.get(end..end + 2) == Some(b"25") && hex(end + 2).is_some() {
-                    end += 2;
-                }
-                match (hex(end), hex(end + 1)) {
-                    (Some(high), Some(low)) => ((high << 4 | low) as u8, end + 2 - at),
-                    // `%25` with no escape after it: `%` encoded once.
-                    _ if end > at + 1 => (b'%', 3),
-                    _ => (b'%', 1),
-                }
+        decoded_at(self.text, at, self.escaped)
+    }
+}
+
+/// The byte at `at` of a URL's text as decoded, whatever its spelling (see [`Spellings`]), and
+/// how many bytes of `text` it takes: a percent-escape at any depth (`%41`, `%2541`) is the byte
+/// it encodes, and with `escaped` `\/` is `/`.
+fn decoded_at(text: &[u8], at: usize, escaped: bool) -> (u8, usize) {
+    let hex = |i: usize| text.get(i).and_then(|&c| (c as char).to_digit(16));
+    match text[at] {
+        b'%' => {
+            // `%25` stands for `%`: past each, the escape it encoded.
+            let mut end = at + 1;
+            while text.get(end..end + 2) == Some(b"25") && hex(end + 2).is_some() {
+                end += 2;
             }
-            b'\\' if self.escaped && text.get(at + 1) == Some(&b'/') => (b'/', 2),
-            c => (c, 1),
+            match (hex(end), hex(end + 1)) {
+                (Some(high), Some(low)) => ((high << 4 | low) as u8, end + 2 - at),
+                // `%25` with no escape after it: `%` encoded once.
+                _ if end > at + 1 => (b'%', 3),
+                _ => (b'%', 1),
+            }
         }
+        b'\\' if escaped && text.get(at + 1) == Some(&b'/') => (b'/', 2),
+        c => (c, 1),
     }
 }
 
@@ -1121,6 +1138,99 @@ mod tests {
         assert!(
             out.ends_with(&format!(",http://cdn.example/{a}/TOK/pw/1\n")),
             "{out}"
+        );
+    }
+
+    /// Text past a run's reads, in both forms: `(last URL of the run, what it becomes)`.
+    fn assert_unread(r: &Rewriter<'_>, cases: &[(&str, &str)]) {
+        let unread = |last: &str| {
+            let logos = (1..13).map(|i| format!("http://cdn.example/logo/{i}.png"));
+            let run = logos.chain([last.to_string()]).collect::<Vec<_>>();
+            format!("{}\n", run.join(","))
+        };
+        for (last, want) in cases {
+            let out = r.rewrite_text(&unread(last));
+            assert!(out.ends_with(&format!(",{want}\n")), "{last}: {out}");
+            let escaped = unread(last).replace('/', "\\/");
+            let out = r.rewrite_text(&format!(r#"{{"u":"{escaped}"}}"#));
+            let want = want.replace('/', "\\/");
+            assert!(out.ends_with(&format!(",{want}\n\"}}")), "{last}: {out}");
+        }
+    }
+
+    /// A username holding what reads as an escape (`ab%41`) is found past a run's reads in each
+    /// spelling: as written, encoded once (`ab%2541`, as a URL names it), encoded again in a
+    /// nested URL written encoded.
+    #[test]
+    fn a_username_holding_an_escape_past_a_runs_reads_is_replaced() {
+        let r = Rewriter {
+            real_user: "ab%41",
+            ..R
+        };
+        assert_unread(
+            &r,
+            &[
+                (
+                    "http://cdn.example/live/ab%41/pw/1.ts",
+                    "http://cdn.example/live/TOK/pw/1.ts",
+                ),
+                (
+                    "http://cdn.example/live/ab%2541/pw/1.ts",
+                    "http://cdn.example/live/TOK/pw/1.ts",
+                ),
+                (
+                    "http://cdn.example/get.php?username=ab%2541&password=pw",
+                    "http://cdn.example/get.php?username=TOK&password=pw",
+                ),
+                (
+                    "http://cdn.example/p?src=http%3A%2F%2Fxc%2Flive%2Fab%252541%2Fpw%2F1.ts",
+                    "http://cdn.example/p?src=http%3A%2F%2Fxc%2Flive%2FTOK%2Fpw%2F1.ts",
+                ),
+            ],
+        );
+    }
+
+    /// Past a run's reads, an escape right after the name ends it only when it encodes a
+    /// separator (`%2F`, `%3F`, `%26`, `%3A`, `%23`, either letter case, at any depth): the name
+    /// in a nested URL written encoded goes, `alice%40x` (another user, `alice@x`) stays.
+    #[test]
+    fn an_escape_after_the_username_ends_it_only_as_a_separator() {
+        assert_unread(
+            &R,
+            &[
+                (
+                    "http://cdn.example/live/alice%40x/pw/1.ts",
+                    "http://cdn.example/live/alice%40x/pw/1.ts",
+                ),
+                (
+                    "http://cdn.example/get.php?username=alice%2540x&password=pw",
+                    "http://cdn.example/get.php?username=alice%2540x&password=pw",
+                ),
+                (
+                    "http://cdn.example/live/alice%2Ex/pw/1.ts",
+                    "http://cdn.example/live/alice%2Ex/pw/1.ts",
+                ),
+                (
+                    "http://cdn.example/p?src=http%3A%2F%2Fxc%2Flive%2Falice%2fpw%2F1.ts",
+                    "http://cdn.example/p?src=http%3A%2F%2Fxc%2Flive%2FTOK%2fpw%2F1.ts",
+                ),
+                (
+                    "http://cdn.example/p?src=http%253A%252F%252Fxc%252Falice%252Fpw%252F1",
+                    "http://cdn.example/p?src=http%253A%252F%252Fxc%252FTOK%252Fpw%252F1",
+                ),
+                (
+                    "http://cdn.example/p?src=http%3A%2F%2Fxc%2Fget.php%3Fusername%3Dalice%26p%3D1",
+                    "http://cdn.example/p?src=http%3A%2F%2Fxc%2Fget.php%3Fusername%3DTOK%26p%3D1",
+                ),
+                (
+                    "http://cdn.example/p?src=rtmp%3A%2F%2Falice%3Apw%40xc%2Flive",
+                    "http://cdn.example/p?src=rtmp%3A%2F%2FTOK%3Apw%40xc%2Flive",
+                ),
+                (
+                    "http://cdn.example/p?u=alice%3Fx&v=alice%23y",
+                    "http://cdn.example/p?u=TOK%3Fx&v=TOK%23y",
+                ),
+            ],
         );
     }
 

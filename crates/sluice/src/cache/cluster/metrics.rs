@@ -3,13 +3,21 @@
 
 use crate::atomic::Counter;
 use crate::atomic::Gauge;
-use prometheus_client::encoding::EncodeLabelSet;
+use crate::metrics::Escaped;
+use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// Labels of per-member series; `member` is a peer's name as configured or resolved by DNS.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct MemberLabels {
     pub member: String,
+}
+
+impl EncodeLabelSet for MemberLabels {
+    fn encode(&self, encoder: LabelSetEncoder) -> Result<(), std::fmt::Error> {
+        [("member", Escaped(&self.member))].encode(encoder)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -80,5 +88,33 @@ impl ClusterMetrics {
             m.dns_resolutions.clone(),
         );
         m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A member's name is written with the text format's escapes: a `"` in it (from the config
+    /// or a DNS answer) does not end the label value and break the scrape.
+    #[test]
+    fn member_names_are_escaped() {
+        let mut registry = Registry::default();
+        let m = ClusterMetrics::register(&mut registry);
+        for member in ["a\"b\\c\nd:8080", "10.0.0.1:8080"] {
+            let labels = MemberLabels {
+                member: member.to_string(),
+            };
+            m.member_up.get_or_create(&labels).set(1);
+        }
+        let text = crate::metrics::render(&registry);
+        assert!(
+            text.contains("cluster_member_up{member=\"a\\\"b\\\\c\\nd:8080\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cluster_member_up{member=\"10.0.0.1:8080\"} 1\n"),
+            "{text}"
+        );
     }
 }
