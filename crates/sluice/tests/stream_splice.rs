@@ -132,6 +132,46 @@ async fn spliced_bodies_are_exact_and_the_connection_stays_alive() {
     );
 }
 
+/// No pipe to be had (a descriptor limit; here the pool made to refuse on this thread, where the
+/// in-process server runs): the body is streamed whole from the same upstream connection, not
+/// cut short. Before, the pipe was taken at the first body byte, after the 200 and its
+/// Content-Length were committed, so every such answer was a truncated 200.
+#[tokio::test]
+async fn without_a_pipe_the_body_is_streamed_whole() {
+    let origin = Origin::start().await;
+    let s = Sluice::start(test_config()).await;
+    let mut conn = TcpStream::connect(s.addr).await.unwrap();
+    let mut pending = Vec::new();
+    let big = stream_path(&origin.url("/big"));
+    sluice::net::splice::refuse_pipes_on_this_thread(true);
+    for round in 0..2 {
+        send(&mut conn, "GET", &big, "").await;
+        let (head, body) = tokio::time::timeout(
+            Duration::from_secs(20),
+            read_response(&mut conn, &mut pending, false),
+        )
+        .await
+        .expect("an answer");
+        assert_eq!(head.status, 200, "round {round}");
+        assert_eq!(head.headers["content-length"], BIG_LEN.to_string());
+        let body = body.unwrap_or_else(|got| panic!("round {round}: cut after {got} bytes"));
+        assert_eq!(sha256(&body), sha256(&origin.big), "round {round}");
+    }
+    sluice::net::splice::refuse_pipes_on_this_thread(false);
+    assert_eq!(spliced_count(&s).await, 0);
+    // Each body was read to its end, so the upstream connection served both.
+    let text = String::from_utf8(get(&s.url("/metrics")).await.body.unwrap().to_vec()).unwrap();
+    assert!(
+        text.contains("sluice_upstream_connections_opened_total 1\n"),
+        "{text}"
+    );
+    // And with pipes again, the same connection splices.
+    send(&mut conn, "GET", &big, "").await;
+    let (_, body) = read_response(&mut conn, &mut pending, false).await;
+    assert_eq!(sha256(&body.unwrap()), sha256(&origin.big));
+    assert_eq!(spliced_count(&s).await, 1);
+}
+
 #[tokio::test]
 async fn head_range_and_transforms_are_not_spliced() {
     let origin = Origin::start().await;

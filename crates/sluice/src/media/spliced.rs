@@ -6,7 +6,7 @@
 
 use crate::atomic::Counter;
 use crate::body::Incoming;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap};
 use http::{Method, Request, Response};
 use http_body::Frame;
@@ -14,6 +14,7 @@ use http_body_util::StreamBody;
 use sluice_http::response_head::BodyLength;
 use sluice_media::query::ProxyParams;
 use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
 
 use crate::body::{self, Body, BoxError};
 use crate::error::ProxyError;
@@ -94,7 +95,6 @@ pub async fn serve(
         }
         body::full(early)
     } else {
-        spliced.inc();
         let counter = upstream.clone();
         let mut feed = Feed::new(
             raw.socket,
@@ -102,10 +102,23 @@ pub async fn serve(
             upstream.idle_read_timeout(),
             Box::new(move |n| counter.count_received(n)),
         );
-        if let Some(give_back) = returner {
-            feed = feed.on_done(give_back);
+        // The pipe before the answer: once the head (and its Content-Length) is out, a feed
+        // without one could only cut the body short. Without one (descriptor limit) the body is
+        // read through user space from the same socket, as a streamed one is.
+        match feed.take_pipe() {
+            Ok(()) => {
+                spliced.inc();
+                if let Some(give_back) = returner {
+                    feed = feed.on_done(give_back);
+                }
+                body::boxed(tap.0.install(feed, early, rest))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "no pipe to splice the body, streaming it");
+                let give_back = returner.map(|f| Box::new(f) as GiveBack);
+                read_through(upstream, feed.into_socket(), early, Some(rest), give_back)
+            }
         }
-        body::boxed(tap.0.install(feed, early, rest))
     };
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
@@ -124,46 +137,105 @@ fn until_close(
     super::stream::mirror_headers(&raw.head.headers, &mut headers);
     super::stream::apply_params(params, &mut headers)?;
     let status = raw.head.status;
-    let idle = upstream.idle_read_timeout();
-    let counter = upstream.clone();
-    counter.count_received(raw.early.len());
-    let first = (!raw.early.is_empty()).then_some(raw.early);
-    let chunks = futures_util::stream::unfold(
-        (raw.socket, BytesMut::new(), first, false),
-        move |(mut socket, mut buf, first, done)| {
-            let counter = counter.clone();
-            async move {
-                if let Some(bytes) = first {
-                    return Some((Ok(Frame::data(bytes)), (socket, buf, None, false)));
-                }
-                if done {
-                    return None;
-                }
-                // Reuses the allocation once the previous chunks have been written out.
-                buf.reserve(UNTIL_CLOSE_READ);
-                match tokio::time::timeout(idle, socket.read_buf(&mut buf)).await {
-                    Ok(Ok(0)) => None,
-                    Ok(Ok(n)) => {
-                        counter.count_received(n);
-                        let chunk = buf.split().freeze();
-                        Some((Ok(Frame::data(chunk)), (socket, buf, None, false)))
-                    }
-                    Ok(Err(e)) => Some((Err(BoxError::from(e)), (socket, buf, None, true))),
-                    Err(_) => Some((
-                        Err(BoxError::from(format!(
-                            "upstream sent nothing for {idle:?}"
-                        ))),
-                        (socket, buf, None, true),
-                    )),
-                }
-            }
-        },
-    );
-    let mut resp = Response::new(body::boxed(StreamBody::new(chunks)));
+    upstream.count_received(raw.early.len());
+    let body = read_through(upstream, raw.socket, raw.early, None, None);
+    let mut resp = Response::new(body);
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
     Ok(resp)
 }
 
-/// Read size for a close-delimited body (the streamed path's upstream buffer size).
+/// Takes an upstream socket back once its body has been read to the end (keep-alive).
+type GiveBack = Box<dyn FnOnce(TcpStream) + Send + Sync>;
+
+/// A body read from the raw upstream socket through user space (with the upstream idle clock):
+/// `first` (already counted), then the next `left` bytes, or everything until the origin closes
+/// (`None`). A body of known length never reads past its end, and its socket goes to `give_back`
+/// once read whole; an origin that closes before the end is an error, so the client's connection
+/// is cut rather than its body taken as complete.
+fn read_through(
+    upstream: &Upstream,
+    socket: TcpStream,
+    first: Bytes,
+    left: Option<u64>,
+    give_back: Option<GiveBack>,
+) -> Body {
+    struct State {
+        socket: Option<TcpStream>,
+        buf: BytesMut,
+        first: Option<Bytes>,
+        left: Option<u64>,
+        give_back: Option<GiveBack>,
+        done: bool,
+    }
+    let idle = upstream.idle_read_timeout();
+    let counter = upstream.clone();
+    let state = State {
+        socket: Some(socket),
+        buf: BytesMut::new(),
+        first: (!first.is_empty()).then_some(first),
+        left,
+        give_back,
+        done: false,
+    };
+    let chunks = futures_util::stream::unfold(state, move |mut st| {
+        let counter = counter.clone();
+        async move {
+            if let Some(bytes) = st.first.take() {
+                return Some((Ok(Frame::data(bytes)), st));
+            }
+            if st.done || st.left == Some(0) {
+                return None;
+            }
+            let socket = st.socket.as_mut()?;
+            // Reuses the allocation once the previous chunks have been written out.
+            st.buf.reserve(UNTIL_CLOSE_READ);
+            let limit = st.left.unwrap_or(u64::MAX);
+            let read = {
+                let mut body = AsyncReadExt::take(socket, limit);
+                tokio::time::timeout(idle, body.read_buf(&mut st.buf)).await
+            };
+            match read {
+                Ok(Ok(0)) => match st.left {
+                    None => None,
+                    Some(missing) => {
+                        st.done = true;
+                        let e = format!(
+                            "upstream closed the connection {missing} bytes before the end of the body"
+                        );
+                        Some((Err(BoxError::from(e)), st))
+                    }
+                },
+                Ok(Ok(n)) => {
+                    counter.count_received(n);
+                    if let Some(left) = st.left.as_mut() {
+                        *left -= n as u64;
+                        if *left == 0 {
+                            // Read whole: the socket can serve the next request now.
+                            if let (Some(socket), Some(give_back)) =
+                                (st.socket.take(), st.give_back.take())
+                            {
+                                give_back(socket);
+                            }
+                        }
+                    }
+                    let chunk = st.buf.split().freeze();
+                    Some((Ok(Frame::data(chunk)), st))
+                }
+                Ok(Err(e)) => {
+                    st.done = true;
+                    Some((Err(BoxError::from(e)), st))
+                }
+                Err(_) => {
+                    st.done = true;
+                    let e = format!("upstream sent nothing for {idle:?}");
+                    Some((Err(BoxError::from(e)), st))
+                }
+            }
+        }
+    });
+    body::boxed(StreamBody::new(chunks))
+}
+
+/// Read size for a body read through user space (the streamed path's upstream buffer size).
 const UNTIL_CLOSE_READ: usize = 96 * 1024;

@@ -140,43 +140,86 @@ impl Pipe {
 /// the fd count stays flat under churn.
 #[derive(Debug)]
 pub struct PipePool {
-    free: Mutex<Vec<Pipe>>,
+    free: Mutex<Free>,
     max_idle: usize,
     /// Pipes grown to `BIG_PIPE` that are still open (in use or pooled).
     big: AtomicUsize,
+    /// Pipes taken and not yet given back or closed: what connections and bodies hold now.
+    in_use: AtomicUsize,
+}
+
+/// The pooled pipes, the big ones apart: they are handed out first, since the budget counts them
+/// whether they work or wait here (one left under small ones would keep a bulk transfer small).
+#[derive(Debug, Default)]
+struct Free {
+    small: Vec<Pipe>,
+    big: Vec<Pipe>,
+}
+
+thread_local! {
+    /// Set by [`refuse_pipes_on_this_thread`]: every `take` on this thread fails.
+    static REFUSE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// For tests: makes every pipe pool refuse pipes to callers on this thread (as under `EMFILE`),
+/// so the paths that must do without one can be driven in-process without lowering the
+/// descriptor limit of the whole test binary.
+#[doc(hidden)]
+pub fn refuse_pipes_on_this_thread(refuse: bool) {
+    REFUSE.with(|r| r.set(refuse));
 }
 
 impl PipePool {
     /// A pool that keeps at most `max_idle` empty pipes.
     pub fn new(max_idle: usize) -> PipePool {
         PipePool {
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new(Free::default()),
             max_idle,
             big: AtomicUsize::new(0),
+            in_use: AtomicUsize::new(0),
         }
     }
 
+    /// An empty pipe: a pooled big one, else a pooled one, else a new one.
     fn take(&self) -> io::Result<Pipe> {
-        let pooled = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match pooled {
-            Some(p) => Ok(p),
-            None => Pipe::new(),
+        if REFUSE.with(Cell::get) {
+            return Err(io::Error::from_raw_os_error(libc::EMFILE));
         }
+        let pooled = {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            free.big.pop().or_else(|| free.small.pop())
+        };
+        let pipe = match pooled {
+            Some(p) => p,
+            None => Pipe::new()?,
+        };
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        Ok(pipe)
     }
 
     /// Returns a pipe known to be empty; a pipe that may still hold bytes is closed instead.
     fn give(&self, pipe: Pipe) {
+        self.in_use.fetch_sub(1, Ordering::Relaxed);
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.len() < self.max_idle {
-            free.push(pipe);
+        if free.small.len() + free.big.len() < self.max_idle {
+            if pipe.capacity > SMALL_PIPE {
+                free.big.push(pipe);
+            } else {
+                free.small.push(pipe);
+            }
         } else {
             drop(free);
-            self.forget(pipe);
+            self.close(pipe);
         }
     }
 
-    /// Closes a pipe that is not coming back.
+    /// Closes a taken pipe that is not coming back.
     fn forget(&self, pipe: Pipe) {
+        self.in_use.fetch_sub(1, Ordering::Relaxed);
+        self.close(pipe);
+    }
+
+    fn close(&self, pipe: Pipe) {
         if pipe.capacity > SMALL_PIPE {
             self.big.fetch_sub(1, Ordering::Relaxed);
         }
@@ -220,7 +263,14 @@ impl PipePool {
 
     /// Empty pipes waiting in the pool.
     pub fn idle(&self) -> usize {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).len()
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.small.len() + free.big.len()
+    }
+
+    /// Pipes taken from the pool and not yet back: held by relay directions moving a burst and
+    /// by spliced bodies. An idle connection holds none.
+    pub fn in_use(&self) -> usize {
+        self.in_use.load(Ordering::Relaxed)
     }
 }
 
@@ -302,16 +352,16 @@ async fn relay_one(
                 n
             }
             Mode::Splice => {
-                let p = match pipe.get_or_take() {
-                    Ok(p) => p,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "no pipe for a bulk transfer, copying it");
-                        may_splice = false;
-                        mode = Mode::Copy;
-                        continue;
-                    }
-                };
-                let (n, fresh) = splice_chunk(src, dst, p, stall, src_side, dst_side).await?;
+                let (n, fresh) =
+                    match splice_chunk(src, dst, &mut pipe, stall, src_side, dst_side).await? {
+                        Spliced::Moved { n, fresh } => (n, fresh),
+                        Spliced::NoPipe(e) => {
+                            tracing::debug!(error = %e, "no pipe for a bulk transfer, copying it");
+                            may_splice = false;
+                            mode = Mode::Copy;
+                            continue;
+                        }
+                    };
                 if n == SMALL_PIPE {
                     // A full small pipe: this direction carries a bulk transfer, worth a bigger pipe.
                     pipe.grow();
@@ -428,31 +478,51 @@ fn copy_now(src: &TcpStream, dst: &TcpStream, rest: &mut Vec<u8>) -> Result<Copi
     Ok(Copied::Moved(n))
 }
 
-/// Fills the pipe from `src` once and drains it into `dst`; returns the bytes moved (0: FIN)
-/// and whether the fill had to wait for the source first (the start of a new burst).
+/// What one `splice_chunk` did.
+enum Spliced {
+    /// Bytes moved (0: FIN), and whether the fill had to wait for the source first (the start
+    /// of a new burst).
+    Moved { n: usize, fresh: bool },
+    /// The pool could make no pipe (descriptor limit); nothing was read.
+    NoPipe(io::Error),
+}
+
+/// Fills the pipe from `src` once and drains it into `dst`. While the source has nothing the
+/// pipe, empty then, goes back to the pool, and one is taken again when bytes come: a connection
+/// that went quiet after a bulk transfer holds no pipe (two descriptors, and a share of the
+/// big-pipe budget that other bulk transfers would otherwise go without) until it is busy again.
 async fn splice_chunk(
     src: &TcpStream,
     dst: &TcpStream,
-    p: &Pipe,
+    held: &mut Held<'_>,
     stall: Duration,
     src_side: Side,
     dst_side: Side,
-) -> Result<(usize, bool), RelayError> {
-    let chunk = p.capacity;
+) -> Result<Spliced, RelayError> {
     let mut fresh = false;
     // Fill: socket → pipe. The pipe is empty here, so EAGAIN can only mean the socket has
     // nothing, and clearing its read readiness is right. A short splice proves nothing (the
-    // pipe may have run out of slots), so unlike a read it does not clear readiness.
+    // pipe may have run out of slots), so unlike a read it does not clear readiness. The wait
+    // is immediate while readiness is cached, and is also where a direction that always has
+    // bytes gives up its turn (the runtime's cooperative budget): `try_io` alone never would.
     let n = loop {
+        if fresh {
+            held.release();
+        }
         src.readable().await.map_err(|e| classify(src_side, e))?;
+        let p = match held.get_or_take() {
+            Ok(p) => p,
+            Err(e) => return Ok(Spliced::NoPipe(e)),
+        };
         match src.try_io(Interest::READABLE, || {
-            splice(src.as_raw_fd(), p.write.as_raw_fd(), chunk)
+            splice(src.as_raw_fd(), p.write.as_raw_fd(), p.capacity)
         }) {
             Ok(n) => break n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => fresh = true,
             Err(e) => return Err(classify(src_side, e)),
         }
     };
+    let p = held.pipe.as_ref().expect("held for the fill");
     // Drain: pipe → socket, all of it before reading again (so EAGAIN is the socket's). Tried
     // first (`try_io` makes no call while the socket is known not writable), waited for, within
     // `stall`, only when it would block.
@@ -468,11 +538,12 @@ async fn splice_chunk(
             Err(e) => return Err(classify(dst_side, e)),
         }
     }
-    Ok((n, fresh))
+    Ok(Spliced::Moved { n, fresh })
 }
 
-/// A pipe taken from the pool (only once a direction splices): returned by `release` once known
-/// empty, otherwise closed (and its share of the big-pipe budget given back) when dropped.
+/// A pipe taken from the pool while a direction splices a burst: returned by `release` once known
+/// empty (at the burst's end, or while the source has nothing), otherwise closed (and its share
+/// of the big-pipe budget given back) when dropped.
 struct Held<'a> {
     pipe: Option<Pipe>,
     pool: &'a PipePool,
@@ -728,10 +799,19 @@ mod tests {
         let was_big = first.capacity == BIG_PIPE;
         pool.forget(first);
         assert_eq!(pool.big(), grown - usize::from(was_big));
+        assert_eq!(pool.in_use(), MAX_BIG_PIPES + 1);
         for p in pipes {
             pool.give(p);
         }
         assert_eq!(pool.big(), grown - usize::from(was_big));
+        assert_eq!(pool.in_use(), 0);
+        // A pooled big pipe is handed out before the small ones returned after it.
+        let small = Pipe::new().unwrap();
+        pool.in_use.fetch_add(1, Ordering::Relaxed);
+        pool.give(small);
+        let next = pool.take().unwrap();
+        assert_eq!(next.capacity == BIG_PIPE, grown - usize::from(was_big) > 0);
+        pool.give(next);
     }
 
     /// Two connected sockets on loopback: (the side a test drives, the side the relay owns).
@@ -795,6 +875,71 @@ mod tests {
         );
         // The bulk message was spliced, and every pipe came back to the pool empty.
         assert!((1..=2).contains(&idle), "{idle} pipes pooled");
+    }
+
+    /// A plain relay that moved bulk bytes both ways and then went quiet holds no pipe: each
+    /// direction gives its (empty) pipe back while it waits for its source, and takes one again
+    /// when bytes come. Before, each direction kept its pipe until FIN or until a burst started
+    /// small: six descriptors per idle connection, and 32 of them held every big pipe.
+    #[tokio::test]
+    async fn a_connection_quiet_after_a_bulk_transfer_holds_no_pipe() {
+        let (mut client, down) = pair().await;
+        let (up, mut server) = pair().await;
+        let pool = std::sync::Arc::new(PipePool::new(8));
+        let relay_pool = pool.clone();
+        let relay = tokio::spawn(async move {
+            relay_tcp(&down, &up, &relay_pool, Duration::from_secs(60), &|_, _| {})
+                .await
+                .unwrap()
+        });
+        let mut sent = 0u64;
+        for round in 0..2u8 {
+            // More than a pipe's default capacity each way at once: both directions splice.
+            let n = 3 * SMALL_PIPE + 11;
+            let (to_server, to_client) = (pattern(n, round), pattern(n, round + 100));
+            let (mut got_server, mut got_client) = (vec![0u8; n], vec![0u8; n]);
+            let ((mut cr, mut cw), (mut sr, mut sw)) = (client.split(), server.split());
+            let (a, b, c, d) = tokio::join!(
+                cw.write_all(&to_server),
+                sw.write_all(&to_client),
+                sr.read_exact(&mut got_server),
+                cr.read_exact(&mut got_client),
+            );
+            a.unwrap();
+            b.unwrap();
+            c.unwrap();
+            d.unwrap();
+            assert!(
+                got_server == to_server && got_client == to_client,
+                "round {round}"
+            );
+            sent += n as u64;
+            // Silence: both directions wait for their sources. Bounded by turns, not time.
+            let mut held = pool.in_use();
+            for _ in 0..200 {
+                if held == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                held = pool.in_use();
+            }
+            assert_eq!(
+                held, 0,
+                "round {round}: {held} pipes held by an idle connection"
+            );
+            assert!(pool.idle() >= 1, "round {round}: the relay never spliced");
+        }
+        client.shutdown().await.unwrap();
+        server.shutdown().await.unwrap();
+        let totals = relay.await.unwrap();
+        assert_eq!(
+            totals,
+            Totals {
+                up: sent,
+                down: sent
+            }
+        );
+        assert_eq!(pool.in_use(), 0);
     }
 
     #[tokio::test]

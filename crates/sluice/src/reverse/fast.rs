@@ -609,7 +609,7 @@ async fn relay<W: FastClient>(
     out: &mut Vec<u8>,
     client: &mut W,
     idle: Duration,
-    (splice, sent_meter): (Option<&Counter>, &Counter),
+    (mut splice, sent_meter): (Option<&Counter>, &Counter),
 ) -> Result<(u64, bool), (u64, RelayError)> {
     let mut sent = 0u64;
     let mut decoder = chunked::Decoder::new();
@@ -657,13 +657,19 @@ async fn relay<W: FastClient>(
         sent_meter.inc_by(take as u64);
         let spliceable = matches!(length, BodyLength::Exact(_)) && left >= SPLICE_MIN;
         if let Some(spliced) = splice.filter(|_| spliceable && client.socket().is_some()) {
-            spliced.inc();
-            // Every byte read so far was the body's (`left` > 0), and went out with the head.
-            hand_back(conn, fresh, client, sent).await?;
-            return match splice_rest(conn.io.tcp(), client, left, idle, sent_meter).await {
-                Ok(n) => Ok((sent + n, true)),
-                Err((n, e)) => Err((sent + n, e)),
-            };
+            let mut body = crate::net::splice::feed::BodySplice::new(left, idle);
+            // The pipe first: with none to be had (the descriptor limit), the body goes on by
+            // copy, where a splice without one could only cut it short after its head went out.
+            if body.take_pipe().is_ok() {
+                spliced.inc();
+                // Every byte read so far was the body's (`left` > 0), and went out with the head.
+                hand_back(conn, fresh, client, sent).await?;
+                return match splice_rest(conn.io.tcp(), client, body, sent_meter).await {
+                    Ok(n) => Ok((sent + n, true)),
+                    Err((n, e)) => Err((sent + n, e)),
+                };
+            }
+            splice = None;
         }
         if finished {
             hand_back(conn, fresh, client, sent).await?;
@@ -766,26 +772,24 @@ async fn hand_back<W: FastClient>(
         .map_err(|e| (sent, RelayError::Client(e)))
 }
 
-/// Moves the last `left` bytes of a counted body from `up` into the client's socket with
-/// `splice(2)` (`net::splice::feed`): the kernel moves page references, user space never sees the
+/// Moves the rest of a counted body (`body`, its pipe taken) from `up` into the client's socket
+/// with `splice(2)` (`net::splice::feed`): the kernel moves page references, user space never sees the
 /// bytes. `idle` bounds the wait for each upstream chunk; the client's stalls are the
 /// connection's send timeout's, told through `write_blocked` and `wrote`. Returns the bytes sent;
 /// on error, those sent before it.
 async fn splice_rest<W: FastClient>(
     up: &TcpStream,
     client: &W,
-    left: u64,
-    idle: Duration,
+    mut body: crate::net::splice::feed::BodySplice,
     sent_meter: &Counter,
 ) -> Result<u64, (u64, RelayError)> {
-    use crate::net::splice::feed::{BodySplice, FeedError, Waiting};
+    use crate::net::splice::feed::{FeedError, Waiting};
     let Some(dst) = client.socket() else {
         return Err((
             0,
             RelayError::Upstream("no client socket to splice into".into()),
         ));
     };
-    let mut body = BodySplice::new(left, idle);
     let mut sent = 0u64;
     while !body.is_done() {
         let moved = std::future::poll_fn(|cx| {

@@ -96,9 +96,11 @@ fn default_handshake() -> u64 {
 /// The most `max_connections` defaults to, whatever the open-file limit.
 const MAX_DEFAULT_CONNECTIONS: usize = 10_000;
 
-/// Descriptors one relayed connection may hold: its own and the upstream's, plus a pipe (two)
-/// while a direction splices; the pipe pool's idle pipes come on top.
-pub const FDS_PER_CONNECTION: u64 = 3;
+/// Descriptors one relayed connection may hold: its own and the upstream's, plus a pipe (two) for
+/// each direction while it splices a burst (both at once on a bulk transfer each way); an idle
+/// connection holds its two sockets only (`net::splice`). The pipe pool's idle pipes come on top.
+/// It was 3, under what one connection moving bulk bytes both ways holds.
+pub const FDS_PER_CONNECTION: u64 = 6;
 
 /// `max_connections` of a listener that does not set it, under an open-file limit of `nofile`: a
 /// quarter of what the HTTP side sizes itself to (`server::listener::connections_for_fd_limit`,
@@ -317,18 +319,22 @@ mod tests {
         assert_eq!(default_max_connections(1024), 120);
         assert_eq!(unset.limit_under(1_048_576), 10_000);
         assert_eq!(unset.limit_under(0), 1);
-        // Two listeners at their defaults stay within a small limit (720 descriptors of 1,024);
-        // one set past it does not.
+        // One listener at its default stays within a small limit (720 descriptors of 1,024, six
+        // a connection: two sockets and a pipe each way); two, or one set past it, do not.
+        assert_eq!(
+            over_descriptor_budget(std::slice::from_ref(&unset), 1024),
+            None
+        );
         assert_eq!(
             over_descriptor_budget(&[unset.clone(), unset.clone()], 1024),
-            None
+            Some(2 * 120 * 6)
         );
         let set = tcp("listen = \"127.0.0.1:1\"\nupstream = \"db\"\nmax_connections = 5000");
         assert_eq!(set.limit_under(1024), 5000);
         assert_eq!(set.limit_under(1_048_576), 5000);
         assert_eq!(
             over_descriptor_budget(&[unset.clone(), set], 1024),
-            Some((120 + 5000) * 3)
+            Some((120 + 5000) * 6)
         );
         // The default is not written back out: a config printed and loaded again keeps following
         // the limit.

@@ -74,6 +74,18 @@ impl Feed {
         self
     }
 
+    /// Takes the pipe now rather than at the first send: a caller that has not answered yet can
+    /// still send the body another way when none is to be had (descriptor limit), where a feed
+    /// without a pipe can only cut its body short ([`FeedError::NoPipe`]).
+    pub fn take_pipe(&mut self) -> io::Result<()> {
+        self.body.take_pipe()
+    }
+
+    /// The upstream socket back, positioned where the feed found it if nothing was sent.
+    pub fn into_socket(mut self) -> TcpStream {
+        self.src.take().expect("held until drop")
+    }
+
     /// Every byte has reached the client's socket.
     pub fn is_done(&self) -> bool {
         self.body.is_done()
@@ -130,6 +142,18 @@ impl BodySplice {
         self.unread == 0 && self.in_pipe == 0
     }
 
+    /// Takes the pipe (grown for a body longer than a default pipe) unless already held.
+    pub fn take_pipe(&mut self) -> io::Result<()> {
+        if self.pipe.is_none() {
+            let mut pipe = self.pool.take()?;
+            if self.unread > SMALL_PIPE as u64 {
+                self.pool.grow(&mut pipe);
+            }
+            self.pipe = Some(pipe);
+        }
+        Ok(())
+    }
+
     /// Which socket the last `Pending` from [`BodySplice::poll_send`] waits for.
     pub fn waiting(&self) -> Waiting {
         self.waiting
@@ -148,13 +172,7 @@ impl BodySplice {
         if max == 0 || self.is_done() {
             return Poll::Ready(Ok(0));
         }
-        if self.pipe.is_none() {
-            let mut pipe = self.pool.take().map_err(FeedError::NoPipe)?;
-            if self.unread > SMALL_PIPE as u64 {
-                self.pool.grow(&mut pipe);
-            }
-            self.pipe = Some(pipe);
-        }
+        self.take_pipe().map_err(FeedError::NoPipe)?;
         let pipe = self.pipe.as_ref().expect("taken above");
         if self.in_pipe == 0 {
             // Fill: never more than the body, so bytes after it stay in the upstream socket.
