@@ -124,6 +124,8 @@ impl App {
         #[cfg(feature = "cache")]
         let cache_slot = crate::cache::CacheSlot::new(keys.load().auth.secret(), &mut registry);
         #[cfg(feature = "cache")]
+        cache_slot.share_guesses(metrics.guesses.clone());
+        #[cfg(feature = "cache")]
         #[cfg_attr(
             not(any(feature = "media", feature = "reverse")),
             allow(unused_variables)

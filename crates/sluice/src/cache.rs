@@ -134,6 +134,9 @@ pub(crate) struct Inner {
     metrics: metrics::CacheMetrics,
     /// Who may purge; a reload swaps it (`Cache::set_purge`).
     purge: arc_swap::ArcSwap<purge::PurgeSecrets>,
+    /// Where wrong purge keys are charged, and checked before one is compared: the cache's own
+    /// until [`Cache::share_guesses`] hands it the server's (the API password's limiter).
+    guesses: arc_swap::ArcSwap<crate::auth::guesses::Guesses>,
     /// This node's part in a cache cluster (`[cache.cluster]`).
     cluster: Option<Arc<cluster::Cluster>>,
     /// Whether [`Cache::start`] ran.
@@ -253,6 +256,10 @@ impl Cache {
             generation: AtomicU64::new(u64::from_le_bytes(seed) >> 1 | 1),
             metrics,
             purge: arc_swap::ArcSwap::from_pointee(purge::PurgeSecrets::new(config, api_password)),
+            guesses: arc_swap::ArcSwap::new(crate::auth::guesses::Guesses::new(
+                Default::default(),
+                Default::default(),
+            )),
             cluster,
             started: std::sync::atomic::AtomicBool::new(false),
         });
@@ -578,5 +585,62 @@ impl Inner {
         if map.get(&key).is_some_and(|f| Arc::ptr_eq(f, fill)) {
             map.remove(&key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, HeaderValue};
+
+    /// Finding: each successful unsafe method soft-purged every variant of its URL and queued a
+    /// copy of each record for the disk tier, marked or not, in an unbounded queue the writer
+    /// wrote in full: a client POSTing in a loop to a URL with 64 variants (each then
+    /// revalidated by a GET) queued 64 copies per request, held as long as the disk was slow.
+    /// Now a record already marked is left alone, and each object has at most one record
+    /// waiting for the writer (the latest).
+    #[tokio::test]
+    async fn repeated_posts_queue_one_record_per_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = CacheConfig {
+            disk_path: Some(dir.path().join("tier")),
+            ..Default::default()
+        };
+        // Prepared, not started: nothing is written, as behind a disk that never answers.
+        let metrics = metrics::CacheMetrics::new(&mut Registry::default());
+        let cache = Cache::prepare(&config, None, metrics).unwrap();
+        let (index, disk) = (&cache.inner.index, cache.inner.disk.as_ref().unwrap());
+        let key = CacheKey("1:r1:h|/many".into());
+        let ua = http::header::USER_AGENT;
+        let mut ids = Vec::new();
+        for i in 0..index::MAX_VARIANTS {
+            let mut h = HeaderMap::new();
+            h.insert(&ua, HeaderValue::from_str(&format!("agent {i}")).unwrap());
+            let v = sluice_http::freshness::variant_key(std::slice::from_ref(&ua), &h);
+            let m = index::tests::meta(&key.0, vec![ua.clone()], &v, 1);
+            assert!(index.insert(m.clone()).is_empty());
+            disk.write_meta(m.clone());
+            ids.push(m.id);
+        }
+        for _ in 0..50 {
+            // A POST (twice: answered 2xx, its `Location` the same URL)...
+            cache.invalidate(std::slice::from_ref(&key));
+            cache.invalidate(std::slice::from_ref(&key));
+            // ...then a GET of each variant, revalidated (a 304): fresh again, and written.
+            for id in &ids {
+                let mut m = (*index.get(&key.0, *id).unwrap()).clone();
+                m.soft_purged = false;
+                let m = Arc::new(m);
+                assert!(index.update(m.clone()));
+                disk.write_meta(m);
+            }
+        }
+        assert_eq!(disk.queued_records(), index::MAX_VARIANTS);
+        assert!(
+            disk.pending() <= index::MAX_VARIANTS,
+            "{} jobs queued for {} objects",
+            disk.pending(),
+            index::MAX_VARIANTS
+        );
     }
 }

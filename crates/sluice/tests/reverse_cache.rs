@@ -455,6 +455,41 @@ async fn purge_then_refetch() {
     assert_eq!(origin.count("GET", "/p.txt"), 2);
 }
 
+/// Finding: `PURGE` took the API password as a purge key (even with `purge_key` set) and never
+/// charged a wrong key anywhere: an unlimited oracle for either secret. A wrong key is now a
+/// wrong guess for the client's network (`auth::guesses`), and past the limit every purge from
+/// it is refused (429, `Retry-After`) before its key is compared, the right one included.
+#[tokio::test]
+async fn wrong_purge_keys_are_guesses_under_the_limit() {
+    let (origin, s) = start().await;
+    request("GET", &s.url("/g.txt"), &[]).await;
+    for i in 0..sluice::auth::guesses::MAX_FAILURES {
+        let key = format!("guess-{i}");
+        let wrong = request("PURGE", &s.url("/g.txt"), &[("x-purge-key", &key)]).await;
+        assert_eq!(wrong.status, StatusCode::FORBIDDEN, "guess {i}");
+    }
+    let right = request("PURGE", &s.url("/g.txt"), &[("x-purge-key", PURGE_KEY)]).await;
+    assert_eq!(
+        right.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{:?}",
+        right.body
+    );
+    assert!(right.headers.contains_key("retry-after"));
+    // Nothing purged: still a hit.
+    let r = request("GET", &s.url("/g.txt"), &[]).await;
+    assert!(cache_status(&r).contains("; hit"), "{}", cache_status(&r));
+    assert_eq!(origin.count("GET", "/g.txt"), 1);
+    // Counted by the API password's own limiter (one count, not a second one beside it).
+    let text = request("GET", &s.url("/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(text.body.as_deref().unwrap_or_default()).to_string();
+    let want = format!(
+        "sluice_auth_failures_total {}\n",
+        sluice::auth::guesses::MAX_FAILURES
+    );
+    assert!(text.contains(&want), "{want}");
+}
+
 /// Finding: a tag purge matched the tag alone, so a `PURGE` sent to one host dropped every object
 /// with that tag on every route and host. It now stays within the route and host it was sent to.
 #[tokio::test]

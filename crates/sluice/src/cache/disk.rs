@@ -147,6 +147,42 @@ impl Drop for Unqueue<'_> {
     }
 }
 
+/// Object records at most waiting for the writer (one per object: [`Records::put`]). Past it a
+/// new object's record is dropped (counted in `disk_dropped_writes_total`; the object is a miss
+/// after the next restart): a disk that never answers holds no more of them than this.
+pub const MAX_QUEUED_RECORDS: usize = 16_384;
+
+/// The object records waiting for the writer, the latest of each object alone: a record queued
+/// again before the writer came to it replaces the one waiting (one job, one write, whatever
+/// the number of soft purges, revalidations and updates meanwhile). A removal of the version
+/// takes it out.
+#[derive(Default)]
+struct Pending {
+    records: HashMap<ObjectId, Arc<ObjectMeta>>,
+}
+
+type PendingRecords = Arc<Mutex<Pending>>;
+
+impl Pending {
+    /// Makes `meta` its object's waiting record. `Some(true)`: a job must be queued for it (none
+    /// waits); `Some(false)`: it replaced the waiting one; `None`: dropped (the bound).
+    fn put(&mut self, meta: Arc<ObjectMeta>) -> Option<bool> {
+        use std::collections::hash_map::Entry;
+        let len = self.records.len();
+        match self.records.entry(meta.id) {
+            Entry::Occupied(mut e) => {
+                e.insert(meta);
+                Some(false)
+            }
+            Entry::Vacant(_) if len >= MAX_QUEUED_RECORDS => None,
+            Entry::Vacant(e) => {
+                e.insert(meta);
+                Some(true)
+            }
+        }
+    }
+}
+
 /// A slice waiting for the writer, with what it holds of the budget and of the queue.
 struct QueuedSlice {
     key: SliceKey,
@@ -161,7 +197,8 @@ struct QueuedSlice {
 
 enum Job {
     Slice(QueuedSlice),
-    Meta(Arc<ObjectMeta>),
+    /// The object's waiting record ([`Pending`]), taken when the writer comes to it.
+    Meta(ObjectId),
     /// An object's version: its slices of that generation (those the index listed when it was
     /// dropped, and any indexed since), and its record if it is that one.
     RemoveObject(ObjectId, u64, Vec<u64>),
@@ -349,8 +386,9 @@ pub struct DiskTier {
     /// Slices queued and not yet written (or dropped): read from here meanwhile, so a slice the
     /// memory tier lets go before its file exists is not fetched again.
     queued: Queued,
-    /// Unbounded as a channel: slices are bounded by `slots` and the budget, object records and
-    /// removals are small and one per object stored or dropped (a removal names its files, it
+    /// Unbounded as a channel: slices are bounded by `slots` and the budget, object records by
+    /// [`MAX_QUEUED_RECORDS`] (a job names its object; the record waits in `records`, one per
+    /// object), removals are small and one per object dropped (a removal names its files, it
     /// costs the object's own slices, never a listing of the directory).
     jobs: mpsc::UnboundedSender<Job>,
     slots: Arc<Semaphore>,
@@ -365,6 +403,8 @@ pub struct DiskTier {
     stall: Arc<Stall>,
     /// Jobs queued or being written.
     pending: Arc<AtomicUsize>,
+    /// The object records waiting for the writer, one per object.
+    records: PendingRecords,
     pub stats: Arc<DiskStats>,
     /// What [`DiskTier::start`] takes; `None` once it ran.
     start: Mutex<Option<Start>>,
@@ -424,6 +464,7 @@ impl DiskTier {
             flights: Flights::default(),
             stall: Arc::default(),
             pending: Arc::new(AtomicUsize::new(0)),
+            records: PendingRecords::default(),
             stats: Arc::new(DiskStats::default()),
             start: Mutex::new(Some(Start {
                 rx,
@@ -461,6 +502,7 @@ impl DiskTier {
                 queued: self.queued.clone(),
                 stats: self.stats.clone(),
                 pending: self.pending.clone(),
+                waiting: self.records.clone(),
                 stall: self.stall.clone(),
                 #[cfg(test)]
                 hooks: self.hooks.clone(),
@@ -570,7 +612,9 @@ impl DiskTier {
     }
 
     /// Queues an object record for writing (the writer skips it if the object index no longer
-    /// holds that version by then). Its length is the one its slices must have from now on.
+    /// holds that version by then). Its length is the one its slices must have from now on. A
+    /// record of the same object still waiting is replaced, not queued beside ([`Pending`]);
+    /// past [`MAX_QUEUED_RECORDS`] objects waiting, a new one's record is dropped.
     pub fn write_meta(&self, meta: Arc<ObjectMeta>) {
         if let Some(len) = meta.length {
             self.index
@@ -578,7 +622,23 @@ impl DiskTier {
                 .expect("disk index")
                 .set_length(meta.id, meta.generation, len);
         }
-        self.submit(Job::Meta(meta));
+        let id = meta.id;
+        match self.records.lock().expect("disk pending records").put(meta) {
+            Some(true) => self.submit(Job::Meta(id)),
+            Some(false) => {}
+            None => {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Object records waiting for the writer (at most one per object).
+    pub fn queued_records(&self) -> usize {
+        self.records
+            .lock()
+            .expect("disk pending records")
+            .records
+            .len()
     }
 
     /// Removes one version of an object: queues the removal of its slices and of its record (if
@@ -593,6 +653,17 @@ impl DiskTier {
             .expect("disk queue")
             .slices
             .retain(|k, _| k.object != id || k.generation != generation);
+        // Nor is that version's record still waiting written (nor held meanwhile).
+        {
+            let mut waiting = self.records.lock().expect("disk pending records");
+            if waiting
+                .records
+                .get(&id)
+                .is_some_and(|m| m.generation == generation)
+            {
+                waiting.records.remove(&id);
+            }
+        }
         let slices = self
             .index
             .lock()
@@ -609,8 +680,16 @@ impl DiskTier {
         self.pending.fetch_add(1, Ordering::AcqRel);
         if let Err(mpsc::error::SendError(job)) = self.jobs.send(job) {
             // The writer is gone (the runtime is shutting down).
-            if let Job::Slice(q) = job {
-                self.queued.lock().expect("disk queue").done(&q.key, q.seq);
+            match job {
+                Job::Slice(q) => self.queued.lock().expect("disk queue").done(&q.key, q.seq),
+                Job::Meta(id) => {
+                    self.records
+                        .lock()
+                        .expect("disk pending records")
+                        .records
+                        .remove(&id);
+                }
+                _ => {}
             }
             self.pending.fetch_sub(1, Ordering::AcqRel);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
@@ -1188,6 +1267,8 @@ struct Writer {
     queued: Queued,
     stats: Arc<DiskStats>,
     pending: Arc<AtomicUsize>,
+    /// The object records waiting ([`Pending`]): a `Job::Meta` takes its object's.
+    waiting: PendingRecords,
     stall: Arc<Stall>,
     #[cfg(test)]
     hooks: Arc<Hooks>,
@@ -1321,7 +1402,17 @@ fn run_job(w: &Writer, job: Job) {
         }
     };
     match job {
-        Job::Meta(meta) => {
+        Job::Meta(id) => {
+            // The latest record queued for the object; none if a removal took it since.
+            let Some(meta) = w
+                .waiting
+                .lock()
+                .expect("disk pending records")
+                .records
+                .remove(&id)
+            else {
+                return;
+            };
             // Under the records lock, so a removal either sees this record or makes the check
             // below fail (the object index drops a version before its files are removed).
             let mut records = w.records.lock().expect("disk records");
@@ -1719,6 +1810,63 @@ mod tests {
         assert!(q.slices.contains_key(&key(3)));
         q.done(&key(3), second);
         assert!(q.slices.is_empty());
+    }
+
+    /// Finding: every record queued for the writer was a job of its own holding its own copy
+    /// (a soft purge's, a revalidation's), the channel unbounded and none of them ever stale: a
+    /// client POSTing in a loop to a URL with many variants queued a copy of each per request,
+    /// all written in turn (and held meanwhile by a slow disk). Now an object's record waiting
+    /// is replaced by the next one (one job, the latest record written), and a removal of its
+    /// version takes it out.
+    #[tokio::test]
+    async fn a_record_queued_again_replaces_the_one_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        // Not started: every job waits, as behind a stalled disk.
+        let tier = DiskTier::prepare(dir.path(), opts(1 << 20)).unwrap();
+        let first = meta_of("k", 1, 100);
+        for i in 0..100 {
+            let mut m = (*first).clone();
+            m.soft_purged = i % 2 == 0;
+            m.tags = vec![format!("copy-{i}")];
+            tier.write_meta(Arc::new(m));
+        }
+        let other = meta_of("other", 1, 100);
+        tier.write_meta(other.clone());
+        assert_eq!(
+            (tier.pending(), tier.queued_records()),
+            (2, 2),
+            "one job and one record per object"
+        );
+        // A removal of the version takes its waiting record out.
+        tier.remove_object(other.id, other.generation);
+        assert_eq!(tier.queued_records(), 1);
+        let found = tier.start().unwrap();
+        assert!(found.is_empty());
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        assert_eq!(tier.queued_records(), 0);
+        drop(tier);
+        // The latest record was written, and only the object still held.
+        let (_, metas) = DiskTier::open(dir.path(), opts(1 << 20)).unwrap();
+        assert_eq!(metas.len(), 1);
+        assert_eq!(metas[0].tags, ["copy-99"]);
+        assert!(!metas[0].soft_purged);
+    }
+
+    /// Past [`MAX_QUEUED_RECORDS`] objects waiting, a new object's record is dropped and
+    /// counted; an object already waiting still has its record replaced.
+    #[tokio::test]
+    async fn records_waiting_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let tier = DiskTier::prepare(dir.path(), opts(1 << 20)).unwrap();
+        for i in 0..MAX_QUEUED_RECORDS + 10 {
+            tier.write_meta(meta_of(&format!("k{i}"), 1, 100));
+        }
+        assert_eq!(tier.queued_records(), MAX_QUEUED_RECORDS);
+        assert_eq!(tier.pending(), MAX_QUEUED_RECORDS);
+        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 10);
+        tier.write_meta(meta_of("k0", 1, 100));
+        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 10);
+        assert_eq!(tier.pending(), MAX_QUEUED_RECORDS);
     }
 
     /// Two versions of one object share its id and record file: dropping the older one (late,

@@ -6,6 +6,9 @@
 //! ([`key_charge`]), and so is each memo's; memos live apart from the objects' keys, within their
 //! own share of the heads' room ([`MEMO_SHARE`]), so a flood of uncacheable URLs pushes out older
 //! memos once that share is full (objects that filled the room give up at most the share).
+//! Likewise a primary key made for an object whose keys are long ([`is_long`]) is kept apart,
+//! within its own share ([`LONG_SHARE`]): a flood of long cache-busting URLs pushes out older
+//! long keys, not the others.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -67,8 +70,27 @@ pub fn claim_base(key: &str) -> Option<&str> {
 /// older memos.
 pub const MEMO_SHARE: u64 = 8;
 
+/// The most a primary key and a variant key may hold together (bytes) for the object to be kept
+/// with the others: past it the key is long ([`is_long`]).
+pub const LONG_KEY: usize = 2 << 10;
+
+/// The part of the heads' room, and of `max_objects`, long keys may take together (one eighth).
+/// A key is charged about three times its length ([`key_charge`], [`ObjectMeta::charge`]): a
+/// cache-busting GET with a 60 KiB query cost ~185 KB of the room, and ~725 of them pushed every
+/// other object out of the index (and so out of every tier). Within this share they only push
+/// out older long keys.
+pub const LONG_SHARE: u64 = 8;
+
+/// Whether an object with these keys is long ([`LONG_KEY`]). A primary key is long when the
+/// object it was made for is (the class stays with the key while it is indexed).
+pub fn is_long(primary: &str, variant: &str) -> bool {
+    primary.len() + variant.len() > LONG_KEY
+}
+
 #[derive(Default)]
 struct Primary {
+    /// Made for a long object ([`is_long`]): in [`LongKeys::order`], charged to its share.
+    long: bool,
     vary: Vec<HeaderName>,
     variants: HashMap<String, Arc<ObjectMeta>>,
     /// The keys of `variants`, oldest inserted first.
@@ -217,6 +239,11 @@ fn purge_variants(
             return true;
         }
         if soft {
+            // Already marked: nothing to change, nor to write again (an unsafe method any
+            // client may send in a loop would otherwise copy and queue every variant each time).
+            if m.soft_purged {
+                return true;
+            }
             let mut stale = (**m).clone();
             stale.soft_purged = true;
             let stale = Arc::new(stale);
@@ -235,13 +262,32 @@ fn purge_variants(
     removed
 }
 
+/// The long primary keys ([`LONG_SHARE`]) and what they cost.
+#[derive(Default)]
+struct LongKeys {
+    /// Oldest inserted first; these keys are not in [`Inner::order`].
+    order: VecDeque<String>,
+    /// Their keys' charges ([`key_charge`]) and their objects' ([`ObjectMeta::charge`]).
+    bytes: u64,
+    objects: usize,
+}
+
+/// Books a long key's objects a hard purge dropped.
+fn long_gone(long: &mut LongKeys, objects: usize, gone: &[Arc<ObjectMeta>]) {
+    long.objects = long.objects.saturating_sub(objects);
+    let bytes: u64 = gone.iter().map(|m| m.charge()).sum();
+    long.bytes = long.bytes.saturating_sub(bytes);
+}
+
 #[derive(Default)]
 struct Inner {
     primaries: HashMap<String, Primary>,
     /// Plain key → the claimed keys in `primaries` that are variants of it ([`claim_base`]):
     /// looked up, not the whole index walked, by a URL purge or an invalidation.
     claimed: HashMap<String, HashSet<String>>,
+    /// The primary keys other than the long ones, oldest inserted first.
     order: VecDeque<String>,
+    long: LongKeys,
     objects: usize,
     memos: Memos,
     /// What the indexed objects, primary keys and memos cost ([`ObjectMeta::charge`],
@@ -258,11 +304,37 @@ impl Inner {
         self.head_bytes = self.head_bytes.saturating_sub(m.charge());
     }
 
-    /// Adds a new primary key to the insertion order and the head count (the caller adds it to
+    /// Books objects and bytes a long key gained.
+    fn long_add(&mut self, long: bool, objects: usize, bytes: u64) {
+        if long {
+            self.long.objects += objects;
+            self.long.bytes += bytes;
+        }
+    }
+
+    /// Books objects and bytes a long key gave up.
+    fn long_sub(&mut self, long: bool, objects: usize, bytes: u64) {
+        if long {
+            self.long.objects = self.long.objects.saturating_sub(objects);
+            self.long.bytes = self.long.bytes.saturating_sub(bytes);
+        }
+    }
+
+    /// The insertion order a key is in: the long keys' or the others'.
+    fn keys(&mut self, long: bool) -> &mut VecDeque<String> {
+        if long {
+            &mut self.long.order
+        } else {
+            &mut self.order
+        }
+    }
+
+    /// Adds a new primary key to its insertion order and the head count (the caller adds it to
     /// `primaries`).
-    fn add_key(&mut self, key: &str) {
-        self.order.push_back(key.to_string());
+    fn add_key(&mut self, key: &str, long: bool) {
+        self.keys(long).push_back(key.to_string());
         self.head_bytes += key_charge(key);
+        self.long_add(long, 0, key_charge(key));
         if let Some(base) = claim_base(key) {
             self.claimed
                 .entry(base.to_string())
@@ -290,13 +362,17 @@ impl Inner {
             .get(key)
             .is_some_and(|p| p.variants.is_empty());
         if empty {
-            self.primaries.remove(key);
+            let long = self.primaries.remove(key).is_some_and(|p| p.long);
             self.unlink_claim(key);
             self.head_bytes = self.head_bytes.saturating_sub(key_charge(key));
+            self.long_sub(long, 0, key_charge(key));
         }
         empty
     }
 }
+
+/// A bound [`ObjectIndex::evict_from`] keeps to.
+type Bound = fn(&ObjectIndex, &Inner) -> bool;
 
 /// The object index.
 pub struct ObjectIndex {
@@ -353,10 +429,16 @@ impl ObjectIndex {
         MAX_HEAD_BYTES.min(self.head_room / 2)
     }
 
-    /// Whether an object with this head may be indexed.
+    /// Whether an object with this head may be indexed (a long one: within the long keys'
+    /// whole share).
     pub fn admits(&self, meta: &ObjectMeta) -> bool {
+        let room = if is_long(&meta.primary, &meta.variant) {
+            self.long_room()
+        } else {
+            self.head_room
+        };
         head_bytes(&meta.headers, &meta.tags) <= self.head_limit()
-            && meta.charge() + key_charge(&meta.primary) <= self.head_room
+            && meta.charge() + key_charge(&meta.primary) <= room
     }
 
     /// Whether the index holds this version of the object (for the disk tier, which must not
@@ -419,8 +501,18 @@ impl ObjectIndex {
         self.charged(|inner| {
             let mut dropped = std::mem::take(&mut inner.dropped_later);
             let is_new_primary = !inner.primaries.contains_key(&meta.primary);
-            let mut released = inner.memos.clear(&meta.primary);
-            let p = inner.primaries.entry(meta.primary.clone()).or_default();
+            let memo = inner.memos.clear(&meta.primary);
+            let long = is_long(&meta.primary, &meta.variant);
+            let p = inner
+                .primaries
+                .entry(meta.primary.clone())
+                .or_insert_with(|| Primary {
+                    long,
+                    ..Primary::default()
+                });
+            let long = p.long;
+            let mut released = 0;
+            let mut added = 0;
             let mut removed = 0;
             if p.vary != meta.vary {
                 removed += p.variants.len();
@@ -446,13 +538,15 @@ impl ObjectIndex {
                             dropped.push(old);
                         }
                     }
-                    inner.objects += 1;
+                    added = 1;
                 }
             }
-            inner.objects -= removed;
-            inner.head_bytes = (inner.head_bytes + meta.charge()).saturating_sub(released);
+            inner.objects = inner.objects + added - removed;
+            inner.head_bytes = (inner.head_bytes + meta.charge()).saturating_sub(released + memo);
+            inner.long_add(long, added, meta.charge());
+            inner.long_sub(long, removed, released);
             if is_new_primary {
-                inner.add_key(&meta.primary);
+                inner.add_key(&meta.primary, long);
             }
             self.evict(inner, (&meta.primary, Some(&meta.variant)), &mut dropped);
             dropped
@@ -464,6 +558,16 @@ impl ObjectIndex {
         self.head_room / MEMO_SHARE
     }
 
+    /// The most long keys may cost together ([`LONG_SHARE`]).
+    fn long_room(&self) -> u64 {
+        self.head_room / LONG_SHARE
+    }
+
+    /// The most long keys, or objects under them, the index may hold ([`LONG_SHARE`]).
+    fn long_max(&self) -> usize {
+        (self.max_objects / LONG_SHARE as usize).max(1)
+    }
+
     /// Whether the index is over one of its bounds.
     fn over(&self, inner: &Inner) -> bool {
         inner.objects > self.max_objects
@@ -471,38 +575,75 @@ impl ObjectIndex {
             || inner.head_bytes > self.head_room
     }
 
-    /// Drops the oldest primaries while over a bound (objects, keys, or the heads' room). `keep` (the key and variant just stored, or a memo's key) stays: when its
-    /// key is the oldest, its other variants go first, oldest first (else one URL with a new
-    /// variant at each request would grow past the bound while everything else went), then the
-    /// next oldest key.
+    /// Whether the index holds too many objects or bytes (not only too many keys).
+    fn too_many(&self, inner: &Inner) -> bool {
+        inner.objects > self.max_objects || inner.head_bytes > self.head_room
+    }
+
+    /// Whether the long keys are over their share.
+    fn long_over(&self, inner: &Inner) -> bool {
+        self.long_too_many(inner) || inner.long.order.len() > self.long_max()
+    }
+
+    fn long_too_many(&self, inner: &Inner) -> bool {
+        inner.long.objects > self.long_max() || inner.long.bytes > self.long_room()
+    }
+
+    /// Drops the oldest primaries while over a bound: the long keys' first while over their
+    /// share (never another key for them), then the others' while over the index's bounds
+    /// (objects, keys, or the heads' room), then long ones if nothing else is left to go.
     fn evict(
         &self,
         inner: &mut Inner,
-        (keep, variant): (&str, Option<&str>),
+        keep: (&str, Option<&str>),
         dropped: &mut Vec<Arc<ObjectMeta>>,
     ) {
-        while self.over(inner) {
-            let Some(oldest) = inner.order.pop_front() else {
+        self.evict_from(
+            inner,
+            true,
+            keep,
+            dropped,
+            (Self::long_over, Self::long_too_many),
+        );
+        self.evict_from(inner, false, keep, dropped, (Self::over, Self::too_many));
+        self.evict_from(inner, true, keep, dropped, (Self::over, Self::too_many));
+    }
+
+    /// Drops the oldest primaries of one insertion order (the long keys' or the others') while
+    /// `over`. `keep` (the key and variant just stored, or a memo's key) stays: when its key is
+    /// the oldest, its other variants go first (while `too_many`), oldest first (else one URL
+    /// with a new variant at each request would grow past the bound while everything else
+    /// went), then the next oldest key.
+    fn evict_from(
+        &self,
+        inner: &mut Inner,
+        long: bool,
+        (keep, variant): (&str, Option<&str>),
+        dropped: &mut Vec<Arc<ObjectMeta>>,
+        (over, too_many): (Bound, Bound),
+    ) {
+        while over(self, inner) {
+            let Some(oldest) = inner.keys(long).pop_front() else {
                 break;
             };
             if oldest == keep {
-                let too_many =
-                    inner.objects > self.max_objects || inner.head_bytes > self.head_room;
+                let too_many = too_many(self, inner);
                 let popped = match inner.primaries.get_mut(keep) {
-                    Some(p) if too_many => p.pop_oldest(variant),
+                    Some(p) if too_many => p.pop_oldest(variant).map(|old| (old, p.long)),
                     _ => None,
                 };
-                inner.order.push_front(oldest);
+                inner.keys(long).push_front(oldest);
                 match popped {
-                    Some(old) => {
+                    Some((old, long)) => {
                         inner.objects -= 1;
                         inner.release(&old);
+                        inner.long_sub(long, 1, old.charge());
                         dropped.push(old);
                         continue;
                     }
                     // Nothing of it can go: the next oldest key does, if there is one.
-                    None if inner.order.len() > 1 => {
-                        let Some(next) = inner.order.remove(1) else {
+                    None if inner.keys(long).len() > 1 => {
+                        let Some(next) = inner.keys(long).remove(1) else {
                             break;
                         };
                         self.drop_primary(inner, &next, dropped);
@@ -521,8 +662,10 @@ impl ObjectIndex {
             inner.unlink_claim(key);
             inner.head_bytes = inner.head_bytes.saturating_sub(key_charge(key));
             inner.objects -= p.variants.len();
+            inner.long_sub(p.long, p.variants.len(), key_charge(key));
             for old in p.variants.into_values() {
                 inner.release(&old);
+                inner.long_sub(p.long, 0, old.charge());
                 dropped.push(old);
             }
         }
@@ -540,6 +683,7 @@ impl ObjectIndex {
             let Some(p) = inner.primaries.get_mut(&meta.primary) else {
                 return false;
             };
+            let long = p.long;
             let old = match p.variants.get_mut(&meta.variant) {
                 Some(slot) if slot.generation == meta.generation => {
                     std::mem::replace(slot, meta.clone())
@@ -547,6 +691,8 @@ impl ObjectIndex {
                 _ => return false,
             };
             inner.head_bytes = (inner.head_bytes + meta.charge()).saturating_sub(old.charge());
+            inner.long_add(long, 0, meta.charge());
+            inner.long_sub(long, 0, old.charge());
             let mut dropped = std::mem::take(&mut inner.dropped_later);
             self.evict(inner, (&meta.primary, Some(&meta.variant)), &mut dropped);
             inner.dropped_later = dropped;
@@ -576,8 +722,10 @@ impl ObjectIndex {
             if removed > 0 {
                 p.reorder();
             }
+            let long = p.long;
             inner.objects -= removed;
             inner.head_bytes = inner.head_bytes.saturating_sub(released);
+            inner.long_sub(long, removed, released);
             removed > 0
         })
     }
@@ -592,11 +740,13 @@ impl ObjectIndex {
             // The objects go; the key, now empty, stays charged until evicted (as after a
             // removal).
             if let Some(p) = inner.primaries.get_mut(primary) {
-                let removed = p.variants.len();
+                let (removed, long) = (p.variants.len(), p.long);
                 let gone: Vec<Arc<ObjectMeta>> = p.drain().collect();
                 inner.objects -= removed;
+                inner.long_sub(long, removed, 0);
                 for old in gone {
                     inner.release(&old);
+                    inner.long_sub(long, 0, old.charge());
                     dropped.push(old);
                 }
             }
@@ -637,14 +787,24 @@ impl ObjectIndex {
                     let claimed = inner.claimed.get(key).cloned().unwrap_or_default();
                     for k in std::iter::once(key).chain(claimed.iter().map(String::as_str)) {
                         if let Some(p) = inner.primaries.get_mut(k) {
-                            removed += purge_variants(k, p, &matches, soft, &mut out);
+                            let from = out.len();
+                            let n = purge_variants(k, p, &matches, soft, &mut out);
+                            if p.long && !soft {
+                                long_gone(&mut inner.long, n, &out[from..]);
+                            }
+                            removed += n;
                         }
                     }
                 }
                 Primaries::Prefix(prefix) => {
                     for (key, p) in inner.primaries.iter_mut() {
                         if key.starts_with(prefix) {
-                            removed += purge_variants(key, p, &matches, soft, &mut out);
+                            let from = out.len();
+                            let n = purge_variants(key, p, &matches, soft, &mut out);
+                            if p.long && !soft {
+                                long_gone(&mut inner.long, n, &out[from..]);
+                            }
+                            removed += n;
                             // Emptied now, or left empty by an earlier removal.
                             if p.variants.is_empty() {
                                 emptied.push(key.clone());
@@ -662,6 +822,7 @@ impl ObjectIndex {
                 // One pass through `order` for all of them.
                 let primaries = &inner.primaries;
                 inner.order.retain(|k| primaries.contains_key(k));
+                inner.long.order.retain(|k| primaries.contains_key(k));
             }
             // A soft purge keeps each record as a copy of the same head: the same cost.
             if !soft {
@@ -742,7 +903,22 @@ pub(crate) mod tests {
             .sum();
         let keys: u64 = inner.primaries.keys().map(|k| key_charge(k)).sum();
         let memos: u64 = inner.memos.until.keys().map(|k| key_charge(k)).sum();
-        assert_eq!(inner.order.len(), inner.primaries.len());
+        assert_eq!(
+            inner.order.len() + inner.long.order.len(),
+            inner.primaries.len()
+        );
+        // The long keys' share, counted afresh.
+        let long = inner.primaries.iter().filter(|(_, p)| p.long);
+        let (mut long_bytes, mut long_objects) = (0, 0);
+        for (k, p) in long {
+            assert!(inner.long.order.contains(k));
+            long_bytes += key_charge(k) + p.variants.values().map(|m| m.charge()).sum::<u64>();
+            long_objects += p.variants.len();
+        }
+        assert_eq!(
+            (inner.long.bytes, inner.long.objects),
+            (long_bytes, long_objects)
+        );
         assert_eq!(inner.memos.bytes, memos);
         objects + keys + memos
     }
@@ -879,6 +1055,36 @@ pub(crate) mod tests {
         seen.sort();
         assert_eq!(seen, ["s|/a", "s|/c"]);
         assert_eq!(idx.len(), 3, "a soft purge keeps them");
+    }
+
+    /// Finding: a soft purge copied every variant it matched and handed each copy on (to be
+    /// queued for the disk tier) even when it was marked already, so an unsafe method any
+    /// client may send in a loop to a URL with many variants made and queued copies of all of
+    /// them at each request. Now what is marked already is left as it is.
+    #[test]
+    fn a_soft_purge_leaves_what_is_marked_already() {
+        let idx = ObjectIndex::new(1_000);
+        let ua = http::header::USER_AGENT;
+        for i in 0..MAX_VARIANTS {
+            let mut h = HeaderMap::new();
+            h.insert(&ua, HeaderValue::from_str(&format!("agent {i}")).unwrap());
+            let v = variant_key(std::slice::from_ref(&ua), &h);
+            idx.insert(meta("s|/v", vec![ua.clone()], &v, 1));
+        }
+        let first = idx.purge(Primaries::Key("s|/v"), |_, _| true, true);
+        assert_eq!(first.len(), MAX_VARIANTS);
+        for _ in 0..10 {
+            let again = idx.purge(Primaries::Key("s|/v"), |_, _| true, true);
+            assert!(again.is_empty(), "{} copies made again", again.len());
+        }
+        // The records held are the first purge's, untouched.
+        let inner = idx.lock();
+        for m in &first {
+            assert!(Arc::ptr_eq(
+                m,
+                &inner.primaries["s|/v"].variants[&m.variant]
+            ));
+        }
     }
 
     /// A URL purge (or an invalidation) by the plain key reaches the variants stored under a
@@ -1174,6 +1380,74 @@ pub(crate) mod tests {
         assert_eq!(idx.head_bytes(), charged_now(&idx));
     }
 
+    /// Finding: a key is charged about three times its length and the index dropped its oldest
+    /// keys first, so ~725 cache-busting GETs with 60 KiB queries (or long URLs with a long
+    /// `User-Agent` under `Vary: User-Agent`) pushed every other object out of the index, and
+    /// with it out of both tiers. Now objects with long keys live within their own share of the
+    /// heads' room (and of `max_objects`): they push out older long keys only.
+    #[test]
+    fn a_flood_of_long_keys_leaves_the_short_ones_stored() {
+        use crate::cache::budget::Budget;
+        use crate::cache::memory::MemoryTier;
+
+        let slice = 16 * 1024;
+        let total = 1024 * slice;
+        let memory = Arc::new(MemoryTier::new(total, slice));
+        let budget = Budget::new(total, slice, memory);
+        let idx = ObjectIndex::new(10_000).charged_to(budget.clone());
+        let short: Vec<String> = (0..200).map(|i| format!("s|h|/object{i}")).collect();
+        for key in &short {
+            assert!(idx.insert(meta(key, vec![], "", 1)).is_empty());
+        }
+        let ua = http::header::USER_AGENT;
+        let mut dropped = Vec::new();
+        for i in 0..2_000 {
+            let m = if i % 2 == 0 {
+                // A long URL.
+                meta(
+                    &format!("s|h|/q?{i:05}{}", "x".repeat(8_000)),
+                    vec![],
+                    "",
+                    1,
+                )
+            } else {
+                // A short URL with a long variant.
+                let mut h = HeaderMap::new();
+                let agent = format!("{i}{}", "a".repeat(8_000));
+                h.insert(&ua, HeaderValue::from_str(&agent).unwrap());
+                let v = variant_key(std::slice::from_ref(&ua), &h);
+                meta(&format!("s|h|/q?{i:05}"), vec![ua.clone()], &v, 1)
+            };
+            assert!(is_long(&m.primary, &m.variant));
+            dropped.extend(idx.insert(m));
+            let inner = idx.lock();
+            assert!(inner.long.bytes <= idx.long_room(), "{}", inner.long.bytes);
+        }
+        assert!(dropped.iter().all(|m| is_long(&m.primary, &m.variant)));
+        let now = Instant::now();
+        for key in &short {
+            assert!(
+                matches!(idx.lookup(key, &HeaderMap::new(), now), Lookup::Hit(_)),
+                "{key} pushed out by long keys"
+            );
+        }
+        // The newest long keys are held; what they cost is counted right.
+        assert!(idx.lock().long.objects > 10);
+        assert_eq!(
+            (idx.head_bytes(), budget.heads()),
+            (charged_now(&idx), charged_now(&idx))
+        );
+        // A long key too large for the whole share is not stored.
+        let huge = meta(&format!("s|h|/{}", "y".repeat(400_000)), vec![], "", 1);
+        assert!(huge.charge() + key_charge(&huge.primary) > idx.long_room());
+        assert!(!idx.admits(&huge));
+        // Everything purged: every byte of the share given back.
+        idx.purge(Primaries::Prefix(""), |_, _| true, false);
+        let inner = idx.lock();
+        assert_eq!((inner.long.bytes, inner.long.objects), (0, 0));
+        assert!(inner.long.order.is_empty() && inner.primaries.is_empty());
+    }
+
     /// Finding: removing an object's last version, or hard-purging its key, left the key in the
     /// index with nothing under it, uncharged and never swept. Now such a key is charged until
     /// evicted (a hard purge by prefix takes it at once), and every byte is given back.
@@ -1183,8 +1457,9 @@ pub(crate) mod tests {
         use crate::cache::memory::MemoryTier;
 
         let slice = 16 * 1024;
-        let memory = Arc::new(MemoryTier::new(64 * slice, slice));
-        let budget = Budget::new(64 * slice, slice, memory);
+        // Room for the three long keys within their share ([`LONG_SHARE`]).
+        let memory = Arc::new(MemoryTier::new(256 * slice, slice));
+        let budget = Budget::new(256 * slice, slice, memory);
         let idx = ObjectIndex::new(100).charged_to(budget.clone());
         let long = |name: &str| format!("s|h|/{name}?{}", "z".repeat(10_000));
         let (a, b, c) = (long("a"), long("b"), long("c"));

@@ -1,6 +1,9 @@
 //! `PURGE`: by URL (every variant), by key prefix, or by tag (`Surrogate-Key` / `Cache-Tag`), hard
 //! (dropped) or soft (marked stale, revalidated on next use). Only from `purge_allow` addresses and
-//! with the purge key or the API password; every refusal is the same 403.
+//! with the purge key or the API password; every refusal is the same 403. A key offered is a
+//! password guess like any other (`auth::guesses`): a wrong one is charged to the client's
+//! network, and a network past its wrong guesses is refused (429) before any key it offers is
+//! compared, the right one included.
 //!
 //! Request headers: `X-Purge-Key: <key>` or `Authorization: Bearer <key>`; `X-Purge-Mode: url`
 //! (default), `prefix` or `tag`; `X-Purge-Tag: a b` (tag mode, at most [`MAX_TAGS`] tags separated
@@ -130,12 +133,15 @@ pub(super) enum Refusal {
     /// (what to set when no purge key is), so every refused client sees the same answer.
     Forbidden(&'static str),
     Bad(&'static str),
+    /// The client's network is past its wrong guesses (`auth::guesses`): no key was compared.
+    Limited(crate::auth::guesses::Limited),
 }
 
 impl Refusal {
     fn into_response(self) -> Response<Body> {
         match self {
             Refusal::Forbidden(text) => forbidden(text),
+            Refusal::Limited(limited) => crate::error::ProxyError::from(limited).into_response(),
             Refusal::Bad(msg) => json(StatusCode::BAD_REQUEST, format!("{{\"error\":\"{msg}\"}}")),
         }
     }
@@ -214,28 +220,50 @@ impl super::Cache {
     pub fn set_purge(&self, secrets: PurgeSecrets) {
         self.inner.purge.store(std::sync::Arc::new(secrets));
     }
+
+    /// Charges wrong purge keys to `guesses` (the server's limiter, where the API password's
+    /// other checks charge theirs) instead of the cache's own.
+    pub fn share_guesses(&self, guesses: std::sync::Arc<crate::auth::guesses::Guesses>) {
+        self.inner.guesses.store(guesses);
+    }
 }
 
 impl Inner {
-    fn purge_allowed(&self, headers: &HeaderMap, peer: IpAddr) -> bool {
+    /// Whether the purge is allowed; `Err` when the client's network is past its wrong guesses
+    /// (its key not compared). A wrong key offered is charged there, whatever the address: the
+    /// API password is accepted as a purge key, and a 200 tells a right one from a wrong one.
+    fn purge_allowed(
+        &self,
+        headers: &HeaderMap,
+        peer: IpAddr,
+    ) -> Result<bool, crate::auth::guesses::Limited> {
         let secrets = self.purge.load();
         // Check every condition before deciding, so refusals take the same path.
         // An unknown client (an unreadable forwarding chain) is in no allow-list.
         let from_allowed =
             !peer.is_unspecified() && secrets.purge_allow.iter().any(|n| n.contains(&peer));
-        let offered = offered_key(headers).unwrap_or("");
-        let mut ok_key = false;
-        for secret in [
+        let keys: Vec<&str> = [
             Some(secrets.purge_key.as_str()),
             secrets.api_password.as_deref(),
         ]
         .into_iter()
         .flatten()
         .filter(|s| !s.is_empty())
-        {
-            ok_key |= key_matches(secret, offered);
+        .collect();
+        if keys.is_empty() {
+            // Purging is off: no key is compared, so none is a guess.
+            return Ok(false);
         }
-        from_allowed && ok_key
+        let offered = offered_key(headers).filter(|k| !k.is_empty());
+        let ok_key = self.guesses.load().attempt(peer, offered, |offered| {
+            let offered = offered.unwrap_or("");
+            let mut ok = false;
+            for secret in &keys {
+                ok |= key_matches(secret, offered);
+            }
+            ok
+        })?;
+        Ok(from_allowed && ok_key)
     }
 
     pub(super) fn handle_purge(
@@ -266,8 +294,10 @@ impl Inner {
         key: &CacheKey,
         peer: IpAddr,
     ) -> Result<PurgeOrder, Refusal> {
-        if !self.purge_allowed(&parts.headers, peer) {
-            return Err(Refusal::Forbidden(self.purge.load().refusal_text()));
+        match self.purge_allowed(&parts.headers, peer) {
+            Ok(true) => {}
+            Ok(false) => return Err(Refusal::Forbidden(self.purge.load().refusal_text())),
+            Err(limited) => return Err(Refusal::Limited(limited)),
         }
         let scope = scope(&parts.headers).map_err(Refusal::Bad)?;
         let soft = parts

@@ -15,6 +15,8 @@ pub struct CacheSlot {
     metrics: CacheMetrics,
     /// The API password a cache built later accepts as a purge key (swapped by a reload).
     api_password: Mutex<Option<String>>,
+    /// Where a cache built later charges wrong purge keys: the API password's limiter.
+    guesses: Mutex<Option<std::sync::Arc<crate::auth::guesses::Guesses>>>,
 }
 
 impl CacheSlot {
@@ -24,7 +26,18 @@ impl CacheSlot {
             cache: Mutex::new(None),
             metrics: CacheMetrics::new(registry),
             api_password: Mutex::new(api_password.map(str::to_string)),
+            guesses: Mutex::new(None),
         }
+    }
+
+    /// Wrong purge keys are charged to `guesses` (the server's API-password limiter), by the
+    /// cache built and every one built later, so a purge is no second, uncounted oracle for the
+    /// password it also accepts.
+    pub fn share_guesses(&self, guesses: std::sync::Arc<crate::auth::guesses::Guesses>) {
+        if let Some(cache) = self.get() {
+            cache.share_guesses(guesses.clone());
+        }
+        *self.guesses.lock().unwrap_or_else(|e| e.into_inner()) = Some(guesses);
     }
 
     /// The cache, if one was built.
@@ -64,6 +77,9 @@ impl CacheSlot {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let cache = Cache::prepare(config, password.as_deref(), self.metrics.clone())?;
+        if let Some(guesses) = &*self.guesses.lock().unwrap_or_else(|e| e.into_inner()) {
+            cache.share_guesses(guesses.clone());
+        }
         Ok(Candidate::New(cache))
     }
 
