@@ -421,9 +421,8 @@ impl TokenGate {
     /// one viewer holding slow requests does not lock a channel for every viewer. Nothing is
     /// remembered, so a merge of any size costs no memory and pushes out nothing (a memory of
     /// entries evicted its own earliest and live viewers' children). A refreshed parent (a new
-    /// expiry) is another grant, so new entries. An unknown client (`auth::UNKNOWN_CLIENT`, the
-    /// unspecified address) is no network: its entries get a random nonce each, never shared
-    /// with another unknown client.
+    /// expiry) is another grant, so new entries. The unknown clients (`auth::UNKNOWN_CLIENT`, the
+    /// unspecified address) are one network, as for every per-client count: they share entries.
     pub fn mint_entry(
         &self,
         params: &[(String, String)],
@@ -433,13 +432,11 @@ impl TokenGate {
     ) -> String {
         // An entry does not expire of its own: the time does not enter its grant.
         let grant = self.grant(params, paths, parent, false, 0);
+        // Every client network's own, the unknown client's included: with a random nonce a
+        // client that made itself unknown (two forwarding chains that disagree) got a new share
+        // at every fetch; the unknown clients share their entries, as they share one network.
         let net = crate::net::per_ip::network_of(client);
-        let nonce = if net.is_unspecified() {
-            random_nonce()
-        } else {
-            self.entry_nonces.of(&grant, net)
-        };
-        self.sealed.seal(&grant, nonce)
+        self.sealed.seal(&grant, self.entry_nonces.of(&grant, net))
     }
 }
 
@@ -898,10 +895,11 @@ mod tests {
     }
 
     /// The nonce is derived from the grant, the client network and a per-password secret: an
-    /// IPv6 /64 is one network, a parent's limits are part of the grant, and an unknown client
-    /// (the unspecified address) gets a fresh token each time, shared with no other.
+    /// IPv6 /64 is one network, a parent's limits are part of the grant, and the unknown clients
+    /// (the unspecified address) are one network too (finding: with a random nonce each, a client
+    /// that made itself unknown got a new share at every fetch).
     #[test]
-    fn an_entry_follows_its_grant_and_network_and_an_unknown_client_shares_none() {
+    fn an_entry_follows_its_grant_and_network_and_the_unknown_clients_share_one() {
         let g = gate(false);
         let params = pairs(&[("d", "http://o/ch1.m3u8")]);
         let scope = ["=/proxy/hls/manifest.m3u8"];
@@ -936,7 +934,8 @@ mod tests {
         }
         for unknown in ["0.0.0.0", "::", "::ffff:0.0.0.0"] {
             let one = entry(&g, None, unknown);
-            assert_ne!(one, entry(&g, None, unknown), "{unknown}");
+            assert_eq!(one, entry(&g, None, unknown), "{unknown}");
+            assert_ne!(one, entry(&g, None, "10.0.0.1"), "{unknown}");
             assert_eq!(g.open(&one, IP, 0).unwrap().params, params);
         }
         // Another gate for the same password (a restart) draws another secret.
