@@ -2,7 +2,7 @@
 //! h2c: the rapid-reset flood (CVE-2023-44487) ends in GOAWAY `ENHANCE_YOUR_CALM`; a PING flood
 //! from a client that never reads stops being read (memory stays bounded) while other clients are
 //! served; streams past the limit are refused; a window pushed past 2^31 - 1 is a flow-control
-//! error; an oversized head gets a 431; the request-body window is the configured one; a
+//! error; an oversized head gets a 431; the request-body windows are the configured ones; a
 //! `content-length` is one plain number held to the body; cancelling responses under way is not
 //! a rapid reset; an oversized request trailer section is not passed on cut; cookie fields reach
 //! an HTTP/1.1 origin as one line; an origin's connection-specific trailers are dropped; a stream
@@ -216,9 +216,39 @@ async fn a_window_pushed_past_its_limit_is_a_flow_control_error() {
     still_served(addr).await;
 }
 
-/// The request-body window is `server.h2_recv_window_bytes`, also for h2c on a listener that
-/// does not start on the HTTP/1.1 fast path (`h1_fast_path = false`): its first bytes send it to
-/// sluice's own HTTP/2 server there too (hyper's advertised a window of its own).
+/// DATA, RST_STREAM and WINDOW_UPDATE on an even stream id (one only the server could open, and
+/// sluice never pushes) end the connection with PROTOCOL_ERROR, below the highest stream opened
+/// too (DATA there was answered with a reset, the others ignored).
+#[tokio::test]
+async fn frames_on_even_stream_ids_are_a_protocol_error() {
+    let (_p, addr) = proxy().await;
+    for (kind, payload) in [
+        (DATA, vec![0u8; 10]),
+        (RST_STREAM, 8u32.to_be_bytes().to_vec()),
+        (WINDOW_UPDATE, 1u32.to_be_bytes().to_vec()),
+    ] {
+        let mut s = open(addr).await;
+        let mut out = frame(HEADERS, END_STREAM | END_HEADERS, 1, &get_block());
+        out.extend(frame(HEADERS, END_STREAM | END_HEADERS, 3, &get_block()));
+        out.extend(frame(kind, 0, 2, &payload));
+        s.write_all(&out).await.unwrap();
+        let (_, _, payload) = until(&mut s, GOAWAY, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("frame type {kind} on stream 2: no GOAWAY"));
+        assert_eq!(
+            goaway_code(&payload),
+            0x1,
+            "frame type {kind}: PROTOCOL_ERROR"
+        );
+    }
+    still_served(addr).await;
+}
+
+/// The connection's request-body window is `server.h2_recv_window_bytes`, and each body's a
+/// quarter of it, at least 64 KiB (one body nobody reads yet leaves the rest to the others),
+/// also for h2c on a listener that does not start on the HTTP/1.1 fast path (`h1_fast_path =
+/// false`): its first bytes send it to sluice's own HTTP/2 server there too (hyper's advertised
+/// a window of its own).
 #[tokio::test]
 async fn the_request_body_window_is_the_configured_one() {
     // (Past it: `a_body_past_the_window_nobody_reads_is_a_flow_control_error` in
@@ -238,7 +268,7 @@ async fn the_request_body_window_is_the_configured_one() {
             .map(|f| u32::from_be_bytes([f[2], f[3], f[4], f[5]]));
         assert_eq!(
             initial,
-            Some(131_072),
+            Some(65_536),
             "SETTINGS_INITIAL_WINDOW_SIZE, fast path {fast}"
         );
         let (_, stream, update) = until(&mut s, WINDOW_UPDATE, Duration::from_secs(5))
@@ -250,8 +280,8 @@ async fn the_request_body_window_is_the_configured_one() {
             131_072 - 65_535
         );
         drop(s);
-        // A body of four windows and more reaches the origin whole: the window is given back
-        // as the body is read, in updates of a quarter window.
+        // A body of four connection windows and more reaches the origin whole: the windows are
+        // given back as the body is read, in updates of a quarter window.
         let body = pattern(4 * 131_072 + 1_000);
         let mut client = h2_client(addr).await;
         let req = http::Request::post(format!("http://{addr}/up"))
@@ -706,12 +736,13 @@ async fn a_drain_sends_goaway_to_a_busy_connection() {
 
 /// On a listener that does not start on the HTTP/1.1 fast path, a connection's first bytes are
 /// read to tell h2c from HTTP/1.1: a preface split across two writes still reaches sluice's own
-/// HTTP/2 server (its SETTINGS carry the configured window), HTTP/1.1 still reaches hyper's, and a
-/// client that sends one byte of a preface and stops is closed at the header timeout.
+/// HTTP/2 server (its SETTINGS carry a quarter of the configured window, each stream's), HTTP/1.1
+/// still reaches hyper's, and a client that sends one byte of a preface and stops is closed at
+/// the header timeout.
 #[tokio::test]
 async fn the_first_bytes_tell_h2c_from_http1() {
     let (p, addr) = proxy_with(
-        "h1_fast_path = false\nh2_recv_window_bytes = 131072\nheader_read_timeout_secs = 1",
+        "h1_fast_path = false\nh2_recv_window_bytes = 524288\nheader_read_timeout_secs = 1",
     )
     .await;
     let mut s = TcpStream::connect(addr).await.unwrap();

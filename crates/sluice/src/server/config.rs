@@ -64,7 +64,7 @@ pub struct ServerConfig {
     /// (records decrypted and encrypted in place); `false` keeps rustls's throughout.
     pub tls_own_record_layer: bool,
     /// HTTP/2: streams a client may have open at once on one connection; more are refused
-    /// with `REFUSED_STREAM`.
+    /// with `REFUSED_STREAM`. At most [`MAX_H2_STREAMS`].
     pub h2_max_concurrent_streams: u32,
     /// HTTP/2 connections are served by sluice's own HTTP/2 server (`server/http2`); `false`
     /// serves them with hyper's.
@@ -72,9 +72,11 @@ pub struct ServerConfig {
     /// HTTP/2: response bytes buffered per stream ahead of the client's flow-control window;
     /// one connection holds at most this times `h2_max_concurrent_streams`.
     pub h2_max_send_buf_bytes: usize,
-    /// HTTP/2 (sluice's own server): the flow-control window of each request body and of a
-    /// connection's bodies together. What one connection can make the server hold of request
-    /// bodies not yet read, and what one upload moves per round trip.
+    /// HTTP/2 (sluice's own server): the flow-control window of a connection's request bodies
+    /// together, what one connection can make the server hold of request bodies not yet read;
+    /// each body's own is a quarter of it (at least 64 KiB, or all of it when smaller), so one
+    /// body nobody reads yet leaves the rest to the others. One upload moves its own window per
+    /// round trip.
     pub h2_recv_window_bytes: u32,
     /// The runtime model: `work-stealing` (one multi-threaded runtime) or `per-core` (one
     /// current-thread runtime per thread, each with its own `SO_REUSEPORT` listeners and upstream
@@ -191,6 +193,10 @@ pub const MAX_THREADS: usize = 1024;
 /// `max_connections*` key, far past any descriptor limit (2^24).
 pub const MAX_TUNNELS_PER_IP: usize = 1 << 24;
 
+/// The most `server.h2_max_concurrent_streams` may allow: past what a client needs, and each
+/// connection keeps state per stream (and remembers as many streams it reset).
+pub const MAX_H2_STREAMS: u32 = 10_000;
+
 /// Bounds of `server.h2_recv_window_bytes`: HTTP/2's initial window, and 64 MiB.
 const MIN_H2_WINDOW: u32 = 65_535;
 const MAX_H2_WINDOW: u32 = 64 << 20;
@@ -280,6 +286,9 @@ impl ServerConfig {
             if value == 0 {
                 bail!("{name} must be at least 1");
             }
+        }
+        if self.h2_max_concurrent_streams > MAX_H2_STREAMS {
+            bail!("server.h2_max_concurrent_streams must be from 1 to {MAX_H2_STREAMS}");
         }
         if self.max_header_bytes < 1024 {
             bail!("server.max_header_bytes must be at least 1024");
@@ -398,5 +407,28 @@ mod tests {
         parse(&format!("max_tunnels_per_ip = {MAX_TUNNELS_PER_IP}"))
             .validate()
             .unwrap();
+    }
+
+    /// `h2_max_concurrent_streams` is from 1 to `MAX_H2_STREAMS`: each connection remembers as
+    /// many streams it reset, and a frame on a closed stream looks there (unbounded, a config
+    /// could ask for millions).
+    #[test]
+    fn the_http2_stream_limit_is_bounded() {
+        let parse = |t: &str| -> ServerConfig { toml::from_str(t).unwrap() };
+        for ok in [1, 100, MAX_H2_STREAMS] {
+            parse(&format!("h2_max_concurrent_streams = {ok}"))
+                .validate()
+                .unwrap();
+        }
+        for bad in [0, MAX_H2_STREAMS + 1, u32::MAX] {
+            let err = parse(&format!("h2_max_concurrent_streams = {bad}"))
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("server.h2_max_concurrent_streams"), "{err}");
+            if bad > 0 {
+                assert!(err.contains("from 1 to 10000"), "{err}");
+            }
+        }
     }
 }

@@ -9,7 +9,7 @@ mod request;
 pub(crate) mod tunnel;
 mod wake;
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -66,6 +66,8 @@ const MAX_UNREAD_AFTER_ANSWER: u64 = 1 << 20;
 /// `reset_parked` may reset every open stream at once, and request trailers then arriving on
 /// one pushed out of a shorter list failed the whole connection (`STREAM_CLOSED`).
 const RECENTLY_RESET: usize = 32;
+/// The smallest window a request body gets when the connection's is larger (`stream_window`).
+const MIN_STREAM_WINDOW: u32 = 64 * 1024;
 /// What a parked response must send within a send timeout of `PARKED_PROGRESS_PER` for its
 /// wait to count as over (`Parked`), less in proportion for a shorter timeout; and less again if
 /// the client's initial stream window is smaller (a steady reader with a small window is not
@@ -87,9 +89,48 @@ const DRAIN_ROUND_TRIP: std::time::Duration = std::time::Duration::from_secs(1);
 pub(crate) struct Limits {
     pub max_concurrent_streams: u32,
     pub max_header_list_size: u32,
-    /// The window each request body gets, and the connection's for all of them: what one
-    /// connection can make this server hold of request bodies not yet read (at least 65535).
+    /// The connection's window for all its request bodies together: what one connection can
+    /// make this server hold of request bodies not yet read (at least 65535). Each body gets a
+    /// quarter of it (`stream_window`).
     pub window: u32,
+}
+
+/// The window each request body gets on a connection whose window is `window`: a quarter of it,
+/// at least `MIN_STREAM_WINDOW` (and all of it when it is smaller, HTTP/2's initial 65535). With
+/// the whole connection's window per body, one body its handler does not read yet (waiting for
+/// a busy upstream) took the window of every other body on the connection: no other upload
+/// moved a byte until it was read, and behind a load balancer that multiplexes many users on
+/// one connection, one stalled upload stalled them all.
+fn stream_window(window: u32) -> u32 {
+    (window / 4).max(MIN_STREAM_WINDOW).min(window)
+}
+
+/// Streams this server reset lately (`RECENTLY_RESET`), oldest first, with a set beside the
+/// queue for the look-up every frame on a closed stream makes: the list holds up to
+/// `max_concurrent_streams` entries, and a scan of it per frame cost that many comparisons.
+#[derive(Default)]
+struct RecentlyReset {
+    order: VecDeque<u32>,
+    set: HashSet<u32>,
+}
+
+impl RecentlyReset {
+    /// Remembers `id`, forgetting the oldest past `keep` entries.
+    fn push(&mut self, id: u32, keep: usize) {
+        if !self.set.insert(id) {
+            return;
+        }
+        if self.order.len() >= keep {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        self.order.push_back(id);
+    }
+
+    fn contains(&self, id: u32) -> bool {
+        self.set.contains(&id)
+    }
 }
 
 /// Why a connection ended badly.
@@ -194,6 +235,9 @@ pub(crate) struct Connection<I, S, F, B> {
     control: VecDeque<Frame<Bytes>>,
     /// The highest stream id the client opened.
     last_id: u32,
+    /// The window each request body gets (`stream_window`), announced as
+    /// SETTINGS_INITIAL_WINDOW_SIZE.
+    stream_window: u32,
     /// The connection's send window, the client's initial stream window, our receive window.
     send_window: i64,
     peer_initial: i64,
@@ -207,7 +251,7 @@ pub(crate) struct Connection<I, S, F, B> {
     /// Resets complete responses may still earn back (`RESET_REFUNDS`), as of `refunds_at`.
     refunds: f64,
     refunds_at: tokio::time::Instant,
-    recently_reset: VecDeque<u32>,
+    recently_reset: RecentlyReset,
     /// What a parked response must send per send timeout (`PARKED_PROGRESS`), as of the last
     /// `reset_parked`.
     parked_per_limit: i64,
@@ -287,7 +331,8 @@ where
         codec.set_max_recv_header_list_size(limits.max_header_list_size as usize);
         let mut ours = frame::Settings::default();
         ours.set_max_concurrent_streams(Some(limits.max_concurrent_streams));
-        ours.set_initial_window_size(Some(limits.window));
+        let stream_window = stream_window(limits.window);
+        ours.set_initial_window_size(Some(stream_window));
         ours.set_max_header_list_size(Some(limits.max_header_list_size));
         // RFC 8441: WebSocket over HTTP/2.
         ours.set_enable_connect_protocol(Some(1));
@@ -313,6 +358,7 @@ where
             window_blocked: Vec::new(),
             control,
             last_id: 0,
+            stream_window,
             send_window: DEFAULT_WINDOW,
             peer_initial: DEFAULT_WINDOW,
             recv_window: i64::from(limits.window),
@@ -322,7 +368,7 @@ where
             cancels_at: crate::runtime::recent::recent(),
             refunds: RESET_REFUNDS,
             refunds_at: crate::runtime::recent::recent(),
-            recently_reset: VecDeque::new(),
+            recently_reset: RecentlyReset::default(),
             parked_per_limit: PARKED_PROGRESS,
             going_away: None,
             peer_going_away: false,
@@ -473,10 +519,16 @@ where
         self.control
             .push_back(frame::Reset::new(StreamId::from(id), reason).into());
         let keep = RECENTLY_RESET.max(self.limits.max_concurrent_streams as usize);
-        if self.recently_reset.len() >= keep {
-            self.recently_reset.pop_front();
-        }
-        self.recently_reset.push_back(id);
+        self.recently_reset.push(id, keep);
+    }
+
+    /// A frame on stream `id` that no stream the client may open carries: an even id (the
+    /// server's, and this one never pushes), or one above every stream opened that this server
+    /// did not reset either (RFC 9113 section 5.1: a frame other than HEADERS or PRIORITY on an
+    /// idle stream is a connection error). A stream above `last_id` may have been reset for its
+    /// frame (`recv_error`), and frames the client sent on it before it heard are taken.
+    fn never_opened(&self, id: u32) -> bool {
+        id.is_multiple_of(2) || (id > self.last_id && !self.recently_reset.contains(id))
     }
 
     /// RFC 9113 section 10.5.1: a 431 for a header section past the limit, then the stream is
@@ -630,7 +682,7 @@ where
                         return;
                     }
                     self.queue(key);
-                } else if id > self.last_id {
+                } else if self.never_opened(id) {
                     self.fail(Reason::PROTOCOL_ERROR);
                 }
             }
@@ -686,7 +738,7 @@ where
                     if early || (under_way && !self.free_cancel()) {
                         self.spend_reset();
                     }
-                } else if id > self.last_id {
+                } else if self.never_opened(id) {
                     self.fail(Reason::PROTOCOL_ERROR);
                 }
             }
@@ -706,7 +758,7 @@ where
         }
         if id <= self.last_id {
             let unopened = self.going_away.is_some_and(|last| id > last);
-            if !self.recently_reset.contains(&id) && !unopened {
+            if !self.recently_reset.contains(id) && !unopened {
                 self.fail(Reason::STREAM_CLOSED);
             }
             return;
@@ -757,7 +809,7 @@ where
             wake,
             waker,
             send_window: self.peer_initial,
-            recv_window: i64::from(self.limits.window),
+            recv_window: i64::from(self.stream_window),
             unreleased: 0,
             sending: recv.is_some(),
             body: recv,
@@ -838,15 +890,18 @@ where
         let Some(key) = self.slot_of(id) else {
             // A stream already closed: the bytes go back to the connection's window at once.
             self.unreleased += len as u32;
-            if id > self.last_id {
-                // Never opened.
+            if self.never_opened(id) {
                 self.fail(Reason::PROTOCOL_ERROR);
-            } else if !self.recently_reset.contains(&id)
+            } else if !self.recently_reset.contains(id)
                 && self.going_away.is_none_or(|last| id <= last)
             {
                 // Closed by both sides; data after this server's reset (or on a stream its
-                // GOAWAY left unopened) is what the client sent before it heard of it.
-                self.reset(id, Reason::STREAM_CLOSED);
+                // GOAWAY left unopened) is what the client sent before it heard of it. Not
+                // remembered as a reset: more data on it is answered the same way, and
+                // remembering each such id pushed the streams this server did reset out of
+                // `recently_reset` (their trailers then ended the connection).
+                self.control
+                    .push_back(frame::Reset::new(StreamId::from(id), Reason::STREAM_CLOSED).into());
             }
             return;
         };
@@ -923,13 +978,24 @@ where
     fn recv_error(&mut self, e: h2::proto::Error) -> Result<(), Error> {
         match e {
             h2::proto::Error::Reset(id, reason, _) => {
+                // A stream error in a HEADERS or CONTINUATION frame (which opens the stream),
+                // or in a PRIORITY frame, which any stream may get, an idle one too, and which
+                // leaves it idle (RFC 9113 section 5.3.1): one depending on itself. The codec
+                // does not say which, so `last_id` stays: taken from a PRIORITY frame for an
+                // idle stream far ahead, it closed every stream below it (the client's next
+                // HEADERS ended the connection, STREAM_CLOSED). A stream above it is
+                // remembered as reset instead (frames following its HEADERS are taken), one
+                // with an even id not at all (its frames end the connection).
                 let id = u32::from(id);
                 if let Some(key) = self.slot_of(id) {
                     self.remove(key);
-                } else if id > self.last_id {
-                    self.last_id = id;
                 }
-                self.reset(id, reason);
+                if id.is_multiple_of(2) {
+                    self.control
+                        .push_back(frame::Reset::new(StreamId::from(id), reason).into());
+                } else {
+                    self.reset(id, reason);
+                }
                 self.spend_reset();
                 Ok(())
             }
@@ -976,7 +1042,7 @@ where
             slot.unreleased += n as u32;
             slot.returned += n as u64;
             self.unreleased += n as u32;
-            if slot.sending && slot.unreleased >= self.limits.window / 4 {
+            if slot.sending && slot.unreleased >= self.stream_window / 4 {
                 let n = std::mem::take(&mut slot.unreleased);
                 slot.recv_window += i64::from(n);
                 self.control
@@ -1468,8 +1534,9 @@ mod tests {
     }
 
     /// A handler that holds the request (and its body) and never reads or answers, on a
-    /// connection with `window`: the server's SETTINGS and connection window say `window`, and
-    /// a body of exactly `window` bytes is taken; one byte more is a FLOW_CONTROL_ERROR.
+    /// connection with `window`: the server's connection window says `window` and its SETTINGS
+    /// each stream's (`stream_window`); bodies of `window` bytes together, each within its
+    /// stream's, are taken; one byte more is a FLOW_CONTROL_ERROR.
     async fn past_a_window_nobody_reads(window: u32) {
         let (mut client, server) = tokio::io::duplex(4 << 20);
         let service = |req: Request<Incoming>| async move {
@@ -1492,7 +1559,8 @@ mod tests {
             .chunks(6)
             .find(|s| s[..2] == [0, 4])
             .map(|s| u32::from_be_bytes(s[2..6].try_into().unwrap()));
-        assert_eq!(initial, Some(window), "SETTINGS_INITIAL_WINDOW_SIZE");
+        let per_stream = stream_window(window);
+        assert_eq!(initial, Some(per_stream), "SETTINGS_INITIAL_WINDOW_SIZE");
         if window > 65_535 {
             let (kind, stream, payload) = next_payload(&mut client).await;
             assert_eq!((kind, stream), (8, 0), "WINDOW_UPDATE on the connection");
@@ -1501,14 +1569,22 @@ mod tests {
                 window - 65_535
             );
         }
-        // POST / (static table), :authority literal; then `window` bytes and one more.
-        let mut out = frame(1, 4, 1, &[0x83, 0x86, 0x84, 0x41, 1, b'x']);
+        // POSTs of / (static table), :authority literal, each with as much body as its window
+        // takes, until `window` bytes are out; then one more.
+        let mut out = Vec::new();
         let chunk = vec![0u8; 16 * 1024];
         let mut left = window as usize;
+        let mut id = 1;
         while left > 0 {
-            let n = left.min(chunk.len());
-            out.extend(frame(0, 0, 1, &chunk[..n]));
-            left -= n;
+            out.extend(frame(1, 4, id, &[0x83, 0x86, 0x84, 0x41, 1, b'x']));
+            let mut body = left.min(per_stream as usize);
+            left -= body;
+            while body > 0 {
+                let n = body.min(chunk.len());
+                out.extend(frame(0, 0, id, &chunk[..n]));
+                body -= n;
+            }
+            id += 2;
         }
         client.write_all(&out).await.unwrap();
         // The whole window is taken: no GOAWAY while the connection is otherwise quiet.
@@ -1575,20 +1651,21 @@ mod tests {
         out.extend(frame(4, 0, 0, &[]));
         client.write_all(&out).await.unwrap();
         let chunk = vec![0u8; 16 * 1024];
-        // Three streams of 512 KiB each: 1.5 MiB, past the connection's 1 MiB unless the
-        // window comes back.
-        for id in [1u32, 3, 5] {
+        // Six streams of 256 KiB each (each stream's window): 1.5 MiB, past the connection's
+        // 1 MiB unless the window comes back.
+        assert_eq!(stream_window(1 << 20), 256 * 1024);
+        for id in [1u32, 3, 5, 7, 9, 11] {
             let block = vec![0x83, 0x86, 0x84, 0x41, 1, b'x'];
             client.write_all(&frame(1, 4, id, &block)).await.unwrap();
-            for i in 0..32 {
-                let end = if i == 31 { 1 } else { 0 };
+            for i in 0..16 {
+                let end = if i == 15 { 1 } else { 0 };
                 client.write_all(&frame(0, end, id, &chunk)).await.unwrap();
             }
         }
-        // Every stream answered, no GOAWAY: count the three answers' END_STREAM DATA frames.
+        // Every stream answered, no GOAWAY: count the six answers' END_STREAM DATA frames.
         let mut ended = 0;
         let read = async {
-            while ended < 3 {
+            while ended < 6 {
                 let mut head = [0u8; 9];
                 client.read_exact(&mut head).await.unwrap();
                 let len = (usize::from(head[0]) << 16)
@@ -1604,7 +1681,7 @@ mod tests {
         };
         tokio::time::timeout(std::time::Duration::from_secs(5), read)
             .await
-            .expect("all three answered");
+            .expect("all six answered");
     }
 
     /// A body nobody reads, sent while its answer is still going out: its bytes are dropped and
@@ -1648,10 +1725,12 @@ mod tests {
             ],
         ));
         client.write_all(&out).await.unwrap();
-        // The client keeps to the windows the server gives (1 MiB each at first), sending 16 KiB
-        // frames until 6 MiB are out or nothing has opened for a while.
+        // The client keeps to the windows the server gives (256 KiB for the stream and 1 MiB for
+        // the connection at first), sending 16 KiB frames until 6 MiB are out or nothing has
+        // opened for a while.
         let chunk = vec![0u8; 16 * 1024];
-        let (mut stream_window, mut conn_window) = (1i64 << 20, 65_535i64);
+        let (mut stream_window, mut conn_window) =
+            (i64::from(super::stream_window(1 << 20)), 65_535i64);
         let mut sent = 0usize;
         let (mut rd, mut wr) = tokio::io::split(client);
         let (tx, mut updates) = tokio::sync::mpsc::unbounded_channel();
@@ -2104,5 +2183,285 @@ mod tests {
             }
             assert_eq!(streams, vec![1], "after the final GOAWAY (acks: {acks})");
         }
+    }
+
+    /// A POST on stream `id` to `path` (a literal `:path`), its body still to come.
+    fn post_to(id: u32, path: &str) -> Vec<u8> {
+        let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
+        block.extend_from_slice(path.as_bytes());
+        block.extend_from_slice(&[0x41, 1, b'x']);
+        frame(1, 4, id, &block)
+    }
+
+    /// `fut`, which must be done within 5 s (a test's reads, which would wait for ever).
+    async fn within<T>(fut: impl Future<Output = T>) -> T {
+        tokio::time::timeout(std::time::Duration::from_secs(5), fut)
+            .await
+            .expect("done within 5 s")
+    }
+
+    /// Reads frames up to the acknowledgement of a PING sent now (all the client sent before
+    /// it has been taken), adding up the connection's window updates, and failing at a GOAWAY.
+    async fn connection_updates_until_pinged(io: &mut tokio::io::DuplexStream) -> i64 {
+        io.write_all(&frame(6, 0, 0, b"pingpong")).await.unwrap();
+        let mut updates = 0;
+        within(async {
+            loop {
+                let (kind, stream, payload) = next_payload(io).await;
+                assert_ne!(kind, 7, "no GOAWAY");
+                if kind == 8 && stream == 0 {
+                    updates += i64::from(u32::from_be_bytes(payload[..4].try_into().unwrap()));
+                }
+                if kind == 6 && payload == b"pingpong" {
+                    return updates;
+                }
+            }
+        })
+        .await
+    }
+
+    /// A request body its handler does not read yet (waiting for a busy upstream) takes its own
+    /// window, a quarter of the connection's: the rest is left to the other bodies on the
+    /// connection, and another upload goes through whole. (Each body had the whole connection's
+    /// window: one unread upload stopped every other one until it was read, all the users
+    /// behind a load balancer sharing the connection.) One byte past its own window resets that
+    /// stream only.
+    #[tokio::test]
+    async fn a_body_nobody_reads_yet_leaves_the_connection_window_to_others() {
+        let (mut client, server) = tokio::io::duplex(4 << 20);
+        // `/hold`: the request held, its body never read, no answer; anything else: the body
+        // read whole, its length answered.
+        let service = |req: Request<Incoming>| async move {
+            if req.uri().path() == "/hold" {
+                let _held = req;
+                return std::future::pending().await;
+            }
+            let body = http_body_util::BodyExt::collect(req.into_body()).await;
+            let n = body.map_or(0, |b| b.to_bytes().len());
+            Response::new(http_body_util::Full::new(Bytes::from(n.to_string())))
+        };
+        let window = test_limits().window;
+        let _conn = tokio::spawn(Connection::new(server, service, test_limits(), false));
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        client.write_all(&out).await.unwrap();
+        // The windows the server gives: its SETTINGS, then the connection's update.
+        let (kind, _, payload) = next_payload(&mut client).await;
+        assert_eq!(kind, 4, "SETTINGS first");
+        let per_stream = payload
+            .chunks(6)
+            .find(|s| s[..2] == [0, 4])
+            .map_or(DEFAULT_WINDOW, |s| {
+                i64::from(u32::from_be_bytes(s[2..6].try_into().unwrap()))
+            });
+        let (kind, stream, payload) = next_payload(&mut client).await;
+        assert_eq!((kind, stream), (8, 0), "WINDOW_UPDATE on the connection");
+        let mut conn_window =
+            DEFAULT_WINDOW + i64::from(u32::from_be_bytes(payload[..4].try_into().unwrap()));
+        // Stream 1 would send more than the whole connection's window: it sends what the
+        // windows let it, which nobody reads.
+        let wanted = i64::from(window) + 100_000;
+        let mut first = per_stream.min(conn_window).min(wanted);
+        conn_window -= first;
+        let mut out = post_to(1, "/hold");
+        let chunk = vec![0u8; 16 * 1024];
+        while first > 0 {
+            let n = first.min(chunk.len() as i64);
+            out.extend(frame(0, 0, 1, &chunk[..n as usize]));
+            first -= n;
+        }
+        client.write_all(&out).await.unwrap();
+        conn_window += connection_updates_until_pinged(&mut client).await;
+        // Stream 3's upload, 10,000 bytes, fits in what is left.
+        let body = vec![b'b'; 10_000];
+        assert!(
+            conn_window >= body.len() as i64,
+            "the connection's window left for stream 3: {conn_window} bytes"
+        );
+        let mut out = post_to(3, "/up");
+        out.extend(frame(0, 1, 3, &body));
+        client.write_all(&out).await.unwrap();
+        let mut answer = Vec::new();
+        let read = async {
+            loop {
+                let (kind, stream, payload) = next_payload(&mut client).await;
+                assert_ne!(kind, 7, "no GOAWAY");
+                assert!(!(kind == 3 && stream == 1), "stream 1 not reset");
+                if kind == 0 && stream == 3 {
+                    answer.extend_from_slice(&payload);
+                    if answer == b"10000" {
+                        break;
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .expect("stream 3 answered");
+        // Stream 1's window is spent: one byte more resets it (FLOW_CONTROL_ERROR), not the
+        // connection.
+        client.write_all(&frame(0, 0, 1, b"!")).await.unwrap();
+        within(async {
+            loop {
+                let (kind, stream, payload) = next_payload(&mut client).await;
+                assert_ne!(kind, 7, "no GOAWAY");
+                if kind == 3 {
+                    assert_eq!(stream, 1);
+                    assert_eq!(payload, 3u32.to_be_bytes(), "FLOW_CONTROL_ERROR");
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Frames on an even stream id, which only this server could open and never does (it does
+    /// not push), end the connection with PROTOCOL_ERROR (RFC 9113 section 5.1.1), below the
+    /// highest stream opened as above it: DATA there was answered with a reset (and
+    /// remembered, so a flood of them pushed the streams this server did reset out of
+    /// `recently_reset`), RST_STREAM and WINDOW_UPDATE were ignored. PRIORITY may name any
+    /// stream and is still ignored.
+    #[tokio::test]
+    async fn frames_on_even_stream_ids_end_the_connection() {
+        // DATA, RST_STREAM (CANCEL), WINDOW_UPDATE.
+        let frames = [
+            (0u8, vec![0u8; 10]),
+            (3, 8u32.to_be_bytes().to_vec()),
+            (8, 1u32.to_be_bytes().to_vec()),
+        ];
+        for (kind, payload) in frames {
+            let (mut client, server) = tokio::io::duplex(1 << 20);
+            let service = |_req: Request<Incoming>| async move {
+                Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))
+            };
+            let conn = tokio::spawn(Connection::new(server, service, test_limits(), false));
+            let mut out = PREFACE.to_vec();
+            out.extend(frame(4, 0, 0, &[]));
+            // Streams 1 and 5 (2 is below the highest), then PRIORITY on 2: still fine.
+            out.extend(frame(1, 5, 1, &GET));
+            out.extend(frame(1, 5, 5, &GET));
+            out.extend(frame(2, 0, 2, &[0, 0, 0, 1, 16]));
+            client.write_all(&out).await.unwrap();
+            let mut answered = 0;
+            within(async {
+                while answered < 2 {
+                    let (kind, flags, _) = next_frame(&mut client).await;
+                    assert_ne!(kind, 7, "no GOAWAY before the even stream's frame");
+                    answered += usize::from(kind == 0 && flags & 1 == 1);
+                }
+            })
+            .await;
+            client
+                .write_all(&frame(kind, 0, 2, &payload))
+                .await
+                .unwrap();
+            let code = tokio::time::timeout(std::time::Duration::from_secs(5), goaway(&mut client))
+                .await
+                .unwrap_or_else(|_| panic!("frame type {kind} on stream 2: no GOAWAY"));
+            assert_eq!(code, 1, "frame type {kind}: PROTOCOL_ERROR");
+            assert!(matches!(
+                within(conn).await.unwrap(),
+                Err(Error::Protocol(Reason::PROTOCOL_ERROR))
+            ));
+        }
+    }
+
+    /// A PRIORITY frame depending on itself is a stream error of its stream (RFC 9113 section
+    /// 5.3.1), which it leaves idle: the streams below it can still be opened. (The stream's id
+    /// was taken as the highest opened: the client's next HEADERS, on a lower id, ended the
+    /// connection with STREAM_CLOSED.) An even id is not taken either.
+    #[tokio::test]
+    async fn a_priority_depending_on_itself_opens_no_stream() {
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let service = |_req: Request<Incoming>| async move {
+            Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))
+        };
+        let _conn = tokio::spawn(Connection::new(server, service, test_limits(), false));
+        let mut out = PREFACE.to_vec();
+        out.extend(frame(4, 0, 0, &[]));
+        // Stream 101, idle, then stream 2, each depending on itself.
+        out.extend(frame(2, 0, 101, &[0, 0, 0, 101, 16]));
+        out.extend(frame(2, 0, 2, &[0, 0, 0, 2, 16]));
+        client.write_all(&out).await.unwrap();
+        let mut resets = Vec::new();
+        within(async {
+            while resets.len() < 2 {
+                let (kind, stream, payload) = next_payload(&mut client).await;
+                assert_ne!(kind, 7, "no GOAWAY");
+                if kind == 3 {
+                    assert_eq!(payload, 1u32.to_be_bytes(), "PROTOCOL_ERROR");
+                    resets.push(stream);
+                }
+            }
+        })
+        .await;
+        assert_eq!(resets, [101, 2]);
+        // Streams 1 and 3 come after, then 101 itself.
+        let mut out = frame(1, 5, 1, &GET);
+        out.extend(frame(1, 5, 3, &GET));
+        out.extend(frame(1, 5, 101, &GET));
+        client.write_all(&out).await.unwrap();
+        let mut answered = Vec::new();
+        let read = async {
+            while answered.len() < 3 {
+                let (kind, flags, stream) = next_frame(&mut client).await;
+                assert_ne!(kind, 7, "no GOAWAY");
+                if kind == 0 && flags & 1 == 1 {
+                    answered.push(stream);
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), read)
+            .await
+            .expect("all three answered");
+        answered.sort_unstable();
+        assert_eq!(answered, [1, 3, 101]);
+    }
+
+    /// DATA on streams the client skipped (closed, never reset by this server) is answered with
+    /// RST_STREAM(STREAM_CLOSED) without being remembered as a reset: a flood of it pushed the
+    /// streams this server did reset out of `recently_reset`, and trailers then arriving on one
+    /// of those (sent before the client heard of its reset) ended the connection.
+    #[tokio::test]
+    async fn data_on_skipped_streams_does_not_push_out_the_streams_reset() {
+        let (client, server) = tokio::io::duplex(4 << 20);
+        let (mut rd, mut wr) = tokio::io::split(client);
+        tokio::spawn(async move {
+            let mut sink = vec![0u8; 1 << 16];
+            while rd.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        });
+        let service = |_req: Request<Incoming>| async move {
+            Response::new(http_body_util::Full::new(Bytes::from(vec![b'x'; 1_000])))
+        };
+        let mut conn = Box::pin(Connection::new(server, service, test_limits(), false));
+        let mut out = PREFACE.to_vec();
+        // SETTINGS_INITIAL_WINDOW_SIZE = 0: the response parks on its window.
+        out.extend(frame(4, 0, 0, &[0, 4, 0, 0, 0, 0]));
+        // A POST whose trailers are still to come, then stream 1001.
+        out.extend(frame(1, 4, 1, &[0x83, 0x86, 0x84, 0x41, 1, b'x']));
+        out.extend(frame(1, 5, 1001, &GET));
+        wr.write_all(&out).await.unwrap();
+        run_a_while(&mut conn).await;
+        assert!(
+            conn.as_mut()
+                .get_mut()
+                .reset_parked(std::time::Duration::ZERO)
+                >= 1
+        );
+        run_a_while(&mut conn).await;
+        // Empty DATA on 200 skipped streams (3 to 401), each closed.
+        let mut flood = Vec::new();
+        for i in 1..=200u32 {
+            flood.extend(frame(0, 0, 2 * i + 1, &[]));
+        }
+        wr.write_all(&flood).await.unwrap();
+        run_a_while(&mut conn).await;
+        assert_eq!(conn.failed, None);
+        // Stream 1's trailers (`a: b`, a literal), sent before its reset reached the client.
+        wr.write_all(&frame(1, 5, 1, &[0x00, 1, b'a', 1, b'b']))
+            .await
+            .unwrap();
+        run_a_while(&mut conn).await;
+        assert_eq!(conn.failed, None, "the connection goes on");
     }
 }
