@@ -79,7 +79,10 @@ pub enum UrlError {
 
 /// Whether `group` carries a network's own control traffic rather than a channel: the local
 /// and internetwork control blocks (224.0.0.0/24: routing, mDNS, IGMP; 224.0.1.0/24: NTP and
-/// the like), SSDP and SLP (239.255.255.250, .253), and interface- or link-local IPv6 scopes.
+/// the like), SSDP and SLP (239.255.255.250, .253), interface- or link-local IPv6 scopes, and
+/// IPv6's permanent (IANA-assigned, flags 0) groups at every scope: `ff05::c` is site-local
+/// SSDP, `ff05::1:3` DHCPv6 servers, `ff0e::101` NTP (channels use transient groups: `ff1e`,
+/// `ff3e`; `iptv.allow_groups` serves one of these all the same).
 pub fn is_control_group(group: IpAddr) -> bool {
     match group {
         IpAddr::V4(v4) => {
@@ -89,7 +92,7 @@ pub fn is_control_group(group: IpAddr) -> bool {
         }
         IpAddr::V6(v6) => {
             let s = v6.segments()[0];
-            (s & 0xff00) == 0xff00 && matches!(s & 0x000f, 1 | 2)
+            (s & 0xff00) == 0xff00 && (matches!(s & 0x000f, 1 | 2) || s & 0x00f0 == 0)
         }
     }
 }
@@ -145,7 +148,7 @@ fn parse_endpoint(s: &str) -> Result<(IpAddr, u16), UrlError> {
         return match after.strip_prefix(':') {
             Some(p) => Ok((ip, parse_port(p)?)),
             None if after.is_empty() => Ok((ip, DEFAULT_PORT)),
-            None => Err(UrlError::Port(after.to_string())),
+            None => Err(UrlError::Port(echo(after))),
         };
     }
     // IPv4 (an unbracketed IPv6 literal has colons and no port).
@@ -157,18 +160,24 @@ fn parse_endpoint(s: &str) -> Result<(IpAddr, u16), UrlError> {
     }
 }
 
+/// What of a refused value goes back in the 400: its first 64 characters (a path can be most of
+/// the head limit, 64 KiB, copied into every answer otherwise).
+fn echo(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
 fn parse_ip(s: &str) -> Result<IpAddr, UrlError> {
     let bare = s
         .strip_prefix('[')
         .and_then(|x| x.strip_suffix(']'))
         .unwrap_or(s);
-    bare.parse().map_err(|_| UrlError::Address(s.to_string()))
+    bare.parse().map_err(|_| UrlError::Address(echo(s)))
 }
 
 fn parse_port(s: &str) -> Result<u16, UrlError> {
     match s.parse::<u16>() {
         Ok(p) if p > 0 => Ok(p),
-        _ => Err(UrlError::Port(s.to_string())),
+        _ => Err(UrlError::Port(echo(s))),
     }
 }
 
@@ -196,7 +205,7 @@ fn interface_param(query: &str, names: &[&str]) -> Result<Option<String>, UrlErr
                 .into_owned();
             // IFNAMSIZ is 16 including the NUL.
             if name.is_empty() || name.len() > 15 || name.contains(['/', '\0']) {
-                return Err(UrlError::Interface(name));
+                return Err(UrlError::Interface(echo(&name)));
             }
             return Ok(Some(name));
         }

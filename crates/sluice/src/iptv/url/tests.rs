@@ -128,3 +128,49 @@ fn fcc_server_and_type() {
         Err(UrlError::FccFamily)
     );
 }
+
+/// Finding (review): IPv6's permanent groups at wider scopes (site-local SSDP `ff05::c`, DHCPv6
+/// servers `ff05::1:3`, NTP `ff0e::101`) were joined for any viewer, who then read the LAN's
+/// announcements raw; their IPv4 equivalents were refused.
+#[test]
+fn control_groups_of_every_scope_are_told() {
+    for control in [
+        "224.0.0.251",
+        "224.0.1.1",
+        "239.255.255.250",
+        "ff02::fb",
+        "ff05::c",
+        "ff05::1:3",
+        "ff0e::101",
+        "ff08::1",
+        "ff12::1",
+    ] {
+        assert!(is_control_group(control.parse().unwrap()), "{control}");
+    }
+    for channel in [
+        "239.1.1.1",
+        "232.0.0.1",
+        "ff1e::1",
+        "ff3e::8000:1",
+        "ff15::1",
+    ] {
+        assert!(!is_control_group(channel.parse().unwrap()), "{channel}");
+    }
+}
+
+/// Finding (review): a refused address, port or interface name went back whole in the 400 (up to
+/// the head limit per request); it is cut to 64 characters, as the other refusals are cut.
+#[test]
+fn refusals_echo_at_most_64_characters() {
+    let long = "A".repeat(10_000);
+    for (path, query) in [
+        (format!("/rtp/{long}"), None),
+        (format!("/rtp/239.1.1.1:{long}"), None),
+        ("/rtp/239.1.1.1".to_string(), Some(format!("iface={long}"))),
+    ] {
+        let e = parse_channel(&path, query.as_deref())
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 200, "{} bytes: {}", e.len(), &e[..80]);
+    }
+}
