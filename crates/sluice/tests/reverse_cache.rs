@@ -490,6 +490,38 @@ async fn wrong_purge_keys_are_guesses_under_the_limit() {
     assert!(text.contains(&want), "{want}");
 }
 
+/// Finding: a wrong key was charged to the client's network whatever its address, so 20 wrong
+/// `PURGE`s a minute from any visitor outside `purge_allow` (every visitor, behind a balancer
+/// without `trusted_proxies`) locked that address out of the API password everywhere, though
+/// no key purges from there. Keys from outside `purge_allow` are now neither compared nor
+/// charged: every answer is the same 403.
+#[tokio::test]
+async fn wrong_purge_keys_from_outside_purge_allow_are_no_guesses() {
+    let origin = CountingOrigin::start().await;
+    // The test client (127.0.0.1) is outside this list.
+    let elsewhere = "purge_allow = [\"192.0.2.0/24\"]";
+    let s = Sluice::start(cached_config_with(origin.addr, elsewhere)).await;
+    request("GET", &s.url("/o.txt"), &[]).await;
+    for i in 0..=sluice::auth::guesses::MAX_FAILURES {
+        let key = format!("guess-{i}");
+        let wrong = request("PURGE", &s.url("/o.txt"), &[("x-purge-key", &key)]).await;
+        assert_eq!(wrong.status, StatusCode::FORBIDDEN, "guess {i}");
+    }
+    // The address is not locked out: the right key is refused as any other from here (403,
+    // not 429), and nothing was counted against its password guesses.
+    let right = request("PURGE", &s.url("/o.txt"), &[("x-purge-key", PURGE_KEY)]).await;
+    assert_eq!(right.status, StatusCode::FORBIDDEN, "{:?}", right.body);
+    let r = request("GET", &s.url("/o.txt"), &[]).await;
+    assert!(cache_status(&r).contains("; hit"), "{}", cache_status(&r));
+    let text = request("GET", &s.url("/metrics"), &[]).await;
+    let text = String::from_utf8_lossy(text.body.as_deref().unwrap_or_default()).to_string();
+    assert!(
+        !text.contains("sluice_auth_failures_total ")
+            || text.contains("sluice_auth_failures_total 0\n"),
+        "wrong purge keys from outside purge_allow were charged"
+    );
+}
+
 /// Finding: a tag purge matched the tag alone, so a `PURGE` sent to one host dropped every object
 /// with that tag on every route and host. It now stays within the route and host it was sent to.
 #[tokio::test]

@@ -147,39 +147,33 @@ impl Drop for Unqueue<'_> {
     }
 }
 
-/// Object records at most waiting for the writer (one per object: [`Records::put`]). Past it a
-/// new object's record is dropped (counted in `disk_dropped_writes_total`; the object is a miss
-/// after the next restart): a disk that never answers holds no more of them than this.
-pub const MAX_QUEUED_RECORDS: usize = 16_384;
-
-/// The object records waiting for the writer, the latest of each object alone: a record queued
-/// again before the writer came to it replaces the one waiting (one job, one write, whatever
-/// the number of soft purges, revalidations and updates meanwhile). A removal of the version
-/// takes it out.
+/// The object records waiting for the writer, the latest of each version of an object alone
+/// (keyed by object and generation): a record queued again before the writer came to it replaces
+/// the one waiting (one job, one write, whatever the number of soft purges, revalidations and
+/// updates meanwhile), and a record of another generation waits beside it, never in its place (an
+/// older version's record queued late, after a newer one's, must not take the newer one's write:
+/// the writer skips the older, which the index no longer holds, and writes the newer). A removal
+/// of the version takes its record out.
+///
+/// Not capped: `write_meta` is only called for objects the index holds (stored, revalidated or
+/// soft purged), and a removal of the version takes its waiting record out, so the records
+/// waiting are bounded by the index (`max_objects`), plus the few a race queues for a version
+/// just dropped (each with its one job, which takes it out). A cap dropped records past it: a
+/// soft purge of more objects than the cap lost its marks, and a restart served them as fresh.
 #[derive(Default)]
 struct Pending {
-    records: HashMap<ObjectId, Arc<ObjectMeta>>,
+    records: HashMap<(ObjectId, u64), Arc<ObjectMeta>>,
 }
 
 type PendingRecords = Arc<Mutex<Pending>>;
 
 impl Pending {
-    /// Makes `meta` its object's waiting record. `Some(true)`: a job must be queued for it (none
-    /// waits); `Some(false)`: it replaced the waiting one; `None`: dropped (the bound).
-    fn put(&mut self, meta: Arc<ObjectMeta>) -> Option<bool> {
-        use std::collections::hash_map::Entry;
-        let len = self.records.len();
-        match self.records.entry(meta.id) {
-            Entry::Occupied(mut e) => {
-                e.insert(meta);
-                Some(false)
-            }
-            Entry::Vacant(_) if len >= MAX_QUEUED_RECORDS => None,
-            Entry::Vacant(e) => {
-                e.insert(meta);
-                Some(true)
-            }
-        }
+    /// Makes `meta` its version's waiting record. `true`: a job must be queued for it (none
+    /// waits); `false`: it replaced the waiting one.
+    fn put(&mut self, meta: Arc<ObjectMeta>) -> bool {
+        self.records
+            .insert((meta.id, meta.generation), meta)
+            .is_none()
     }
 }
 
@@ -197,8 +191,9 @@ struct QueuedSlice {
 
 enum Job {
     Slice(QueuedSlice),
-    /// The object's waiting record ([`Pending`]), taken when the writer comes to it.
-    Meta(ObjectId),
+    /// The waiting record of the object's version ([`Pending`]), taken when the writer comes
+    /// to it.
+    Meta(ObjectId, u64),
     /// An object's version: its slices of that generation (those the index listed when it was
     /// dropped, and any indexed since), and its record if it is that one.
     RemoveObject(ObjectId, u64, Vec<u64>),
@@ -387,9 +382,9 @@ pub struct DiskTier {
     /// memory tier lets go before its file exists is not fetched again.
     queued: Queued,
     /// Unbounded as a channel: slices are bounded by `slots` and the budget, object records by
-    /// [`MAX_QUEUED_RECORDS`] (a job names its object; the record waits in `records`, one per
-    /// object), removals are small and one per object dropped (a removal names its files, it
-    /// costs the object's own slices, never a listing of the directory).
+    /// the object index (a job names an object's version; the record waits in `records`, one
+    /// per version: [`Pending`]), removals are small and one per object dropped (a removal
+    /// names its files, it costs the object's own slices, never a listing of the directory).
     jobs: mpsc::UnboundedSender<Job>,
     slots: Arc<Semaphore>,
     /// Places for reads at once (`READS`, shared by every tier of the process: [`read_places`]);
@@ -403,7 +398,7 @@ pub struct DiskTier {
     stall: Arc<Stall>,
     /// Jobs queued or being written.
     pending: Arc<AtomicUsize>,
-    /// The object records waiting for the writer, one per object.
+    /// The object records waiting for the writer, one per version of an object.
     records: PendingRecords,
     pub stats: Arc<DiskStats>,
     /// What [`DiskTier::start`] takes; `None` once it ran.
@@ -613,8 +608,8 @@ impl DiskTier {
 
     /// Queues an object record for writing (the writer skips it if the object index no longer
     /// holds that version by then). Its length is the one its slices must have from now on. A
-    /// record of the same object still waiting is replaced, not queued beside ([`Pending`]);
-    /// past [`MAX_QUEUED_RECORDS`] objects waiting, a new one's record is dropped.
+    /// record of the same version still waiting is replaced, not queued beside ([`Pending`]);
+    /// one of another version waits beside it.
     pub fn write_meta(&self, meta: Arc<ObjectMeta>) {
         if let Some(len) = meta.length {
             self.index
@@ -622,17 +617,13 @@ impl DiskTier {
                 .expect("disk index")
                 .set_length(meta.id, meta.generation, len);
         }
-        let id = meta.id;
-        match self.records.lock().expect("disk pending records").put(meta) {
-            Some(true) => self.submit(Job::Meta(id)),
-            Some(false) => {}
-            None => {
-                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+        let (id, generation) = (meta.id, meta.generation);
+        if self.records.lock().expect("disk pending records").put(meta) {
+            self.submit(Job::Meta(id, generation));
         }
     }
 
-    /// Object records waiting for the writer (at most one per object).
+    /// Object records waiting for the writer (at most one per version of an object).
     pub fn queued_records(&self) -> usize {
         self.records
             .lock()
@@ -654,16 +645,11 @@ impl DiskTier {
             .slices
             .retain(|k, _| k.object != id || k.generation != generation);
         // Nor is that version's record still waiting written (nor held meanwhile).
-        {
-            let mut waiting = self.records.lock().expect("disk pending records");
-            if waiting
-                .records
-                .get(&id)
-                .is_some_and(|m| m.generation == generation)
-            {
-                waiting.records.remove(&id);
-            }
-        }
+        self.records
+            .lock()
+            .expect("disk pending records")
+            .records
+            .remove(&(id, generation));
         let slices = self
             .index
             .lock()
@@ -682,12 +668,12 @@ impl DiskTier {
             // The writer is gone (the runtime is shutting down).
             match job {
                 Job::Slice(q) => self.queued.lock().expect("disk queue").done(&q.key, q.seq),
-                Job::Meta(id) => {
+                Job::Meta(id, generation) => {
                     self.records
                         .lock()
                         .expect("disk pending records")
                         .records
-                        .remove(&id);
+                        .remove(&(id, generation));
                 }
                 _ => {}
             }
@@ -1267,7 +1253,7 @@ struct Writer {
     queued: Queued,
     stats: Arc<DiskStats>,
     pending: Arc<AtomicUsize>,
-    /// The object records waiting ([`Pending`]): a `Job::Meta` takes its object's.
+    /// The object records waiting ([`Pending`]): a `Job::Meta` takes its version's.
     waiting: PendingRecords,
     stall: Arc<Stall>,
     #[cfg(test)]
@@ -1402,14 +1388,14 @@ fn run_job(w: &Writer, job: Job) {
         }
     };
     match job {
-        Job::Meta(id) => {
-            // The latest record queued for the object; none if a removal took it since.
+        Job::Meta(id, generation) => {
+            // The latest record queued for the version; none if a removal took it since.
             let Some(meta) = w
                 .waiting
                 .lock()
                 .expect("disk pending records")
                 .records
-                .remove(&id)
+                .remove(&(id, generation))
             else {
                 return;
             };
@@ -1852,21 +1838,70 @@ mod tests {
         assert!(!metas[0].soft_purged);
     }
 
-    /// Past [`MAX_QUEUED_RECORDS`] objects waiting, a new object's record is dropped and
-    /// counted; an object already waiting still has its record replaced.
+    /// Finding: past 16,384 objects waiting a new object's record was dropped, so a soft purge
+    /// of more objects than that (of prefix `/`, under the default 100,000 `max_objects`, all
+    /// queued in one loop while the writer drains a few hundred) lost the marks past the cap,
+    /// and a restart reloaded those objects unmarked: fresh. Every record now waits (the index
+    /// bounds them: one per version it holds) and is written marked.
     #[tokio::test]
-    async fn records_waiting_are_bounded() {
+    async fn a_soft_purge_of_many_objects_keeps_every_mark() {
+        const OBJECTS: usize = 16_384 + 100;
         let dir = tempfile::tempdir().unwrap();
-        let tier = DiskTier::prepare(dir.path(), opts(1 << 20)).unwrap();
-        for i in 0..MAX_QUEUED_RECORDS + 10 {
-            tier.write_meta(meta_of(&format!("k{i}"), 1, 100));
+        // Not started: every record waits, as while the writer drains a few.
+        let tier = DiskTier::prepare(dir.path(), opts(1 << 30)).unwrap();
+        for i in 0..OBJECTS {
+            let mut m = (*meta_of(&format!("k{i}"), 1, 100)).clone();
+            m.soft_purged = true;
+            tier.write_meta(Arc::new(m));
         }
-        assert_eq!(tier.queued_records(), MAX_QUEUED_RECORDS);
-        assert_eq!(tier.pending(), MAX_QUEUED_RECORDS);
-        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 10);
-        tier.write_meta(meta_of("k0", 1, 100));
-        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 10);
-        assert_eq!(tier.pending(), MAX_QUEUED_RECORDS);
+        assert_eq!(tier.stats.dropped.load(Ordering::Relaxed), 0);
+        assert_eq!(
+            (tier.queued_records(), tier.pending()),
+            (OBJECTS, OBJECTS),
+            "every soft purge mark waits for the writer"
+        );
+        tier.start().unwrap();
+        assert!(tier.flush(Duration::from_secs(60)).await);
+        drop(tier);
+        let (_, metas) = DiskTier::open(dir.path(), opts(1 << 30)).unwrap();
+        assert_eq!(metas.len(), OBJECTS);
+        assert!(metas.iter().all(|m| m.soft_purged));
+    }
+
+    /// Finding: records waited one per object, so an older version's record queued late (its
+    /// `write_meta` after a newer version was stored and its record queued) replaced the newer
+    /// one's; the writer took the older, skipped it (the index no longer holds it) and never
+    /// wrote the newer: a restart had no record of the object. Now each version's record waits
+    /// apart, and the newer one is written.
+    #[tokio::test]
+    async fn an_older_versions_record_queued_late_leaves_the_newer_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = Arc::new(Mutex::new(std::collections::HashSet::<u64>::new()));
+        let h = held.clone();
+        let holds: Holds =
+            Arc::new(move |m: &ObjectMeta| h.lock().unwrap().contains(&m.generation));
+        let tier = DiskTier::prepare(
+            dir.path(),
+            DiskOptions {
+                holds: Some(holds),
+                ..opts(1 << 20)
+            },
+        )
+        .unwrap();
+        // Generations start from a random seed: the newer one may well be the smaller.
+        let (old, new) = (meta_of("k", 9, 100), meta_of("k", 4, 100));
+        held.lock().unwrap().insert(4);
+        tier.write_meta(new.clone());
+        tier.write_meta(old.clone());
+        tier.start().unwrap();
+        assert!(tier.flush(Duration::from_secs(10)).await);
+        drop(tier);
+        let (_, metas) = DiskTier::open(dir.path(), opts(1 << 20)).unwrap();
+        assert_eq!(
+            metas.iter().map(|m| m.generation).collect::<Vec<_>>(),
+            [4],
+            "the newer version's record is written"
+        );
     }
 
     /// Two versions of one object share its id and record file: dropping the older one (late,

@@ -82,7 +82,8 @@ pub const LONG_KEY: usize = 2 << 10;
 pub const LONG_SHARE: u64 = 8;
 
 /// Whether an object with these keys is long ([`LONG_KEY`]). A primary key is long when the
-/// object it was made for is (the class stays with the key while it is indexed).
+/// object it was made for is (the class stays with the key while it is indexed; a long object
+/// under a short key is not stored: [`ObjectIndex::insert`]).
 pub fn is_long(primary: &str, variant: &str) -> bool {
     primary.len() + variant.len() > LONG_KEY
 }
@@ -500,9 +501,18 @@ impl ObjectIndex {
         }
         self.charged(|inner| {
             let mut dropped = std::mem::take(&mut inner.dropped_later);
+            let long = is_long(&meta.primary, &meta.variant);
+            // A key's class is its first object's: a long object under a short key (a long
+            // `User-Agent` under `Vary: User-Agent` after a short one) would be booked outside
+            // the long keys' share, and a flood of them would push out every short object. Not
+            // stored (served as a pass): moving the key into the long order would walk the
+            // short one under the lock.
+            if long && inner.primaries.get(&meta.primary).is_some_and(|p| !p.long) {
+                dropped.push(meta);
+                return dropped;
+            }
             let is_new_primary = !inner.primaries.contains_key(&meta.primary);
             let memo = inner.memos.clear(&meta.primary);
-            let long = is_long(&meta.primary, &meta.variant);
             let p = inner
                 .primaries
                 .entry(meta.primary.clone())
@@ -1378,6 +1388,62 @@ pub(crate) mod tests {
         ));
         assert!(idx.lock().memos.get(&objects[0]).is_none());
         assert_eq!(idx.head_bytes(), charged_now(&idx));
+    }
+
+    /// Finding: a key's class was fixed by its first object, so under `Vary: User-Agent` one
+    /// request with a short `User-Agent` then ones with ~60 KiB agents (per cache-busting URL)
+    /// booked the long variants outside the long keys' share, and pushed every short object
+    /// out. A long object under a short key is now not stored.
+    #[test]
+    fn long_variants_under_a_short_key_leave_the_short_ones_stored() {
+        use crate::cache::budget::Budget;
+        use crate::cache::memory::MemoryTier;
+
+        let slice = 16 * 1024;
+        let total = 1024 * slice;
+        let memory = Arc::new(MemoryTier::new(total, slice));
+        let budget = Budget::new(total, slice, memory);
+        let idx = ObjectIndex::new(10_000).charged_to(budget.clone());
+        let short: Vec<String> = (0..200).map(|i| format!("s|h|/object{i}")).collect();
+        for key in &short {
+            assert!(idx.insert(meta(key, vec![], "", 1)).is_empty());
+        }
+        let ua = http::header::USER_AGENT;
+        let variant = |agent: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(&ua, HeaderValue::from_str(agent).unwrap());
+            variant_key(std::slice::from_ref(&ua), &h)
+        };
+        let mut refused = 0;
+        for url in 0..40 {
+            let primary = format!("s|h|/q?{url:05}");
+            let first = meta(&primary, vec![ua.clone()], &variant("curl"), 1);
+            assert!(!is_long(&first.primary, &first.variant));
+            assert!(idx.insert(first).is_empty());
+            for i in 0..63 {
+                let agent = format!("{i}{}", "a".repeat(60 << 10));
+                let m = meta(&primary, vec![ua.clone()], &variant(&agent), 1);
+                assert!(is_long(&m.primary, &m.variant));
+                let dropped = idx.insert(m.clone());
+                refused += dropped.iter().filter(|d| d.id == m.id).count();
+            }
+        }
+        let now = Instant::now();
+        for key in &short {
+            assert!(
+                matches!(idx.lookup(key, &HeaderMap::new(), now), Lookup::Hit(_)),
+                "{key} pushed out by long variants under a short key"
+            );
+        }
+        assert_eq!(
+            refused,
+            40 * 63,
+            "long variants under a short key are not stored"
+        );
+        assert_eq!(
+            (idx.head_bytes(), budget.heads()),
+            (charged_now(&idx), charged_now(&idx))
+        );
     }
 
     /// Finding: a key is charged about three times its length and the index dropped its oldest
