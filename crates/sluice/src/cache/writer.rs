@@ -398,8 +398,12 @@ async fn fetch(
                 *alias.lock().expect("alias") = Some(real);
             }
             let dropped = inner.index.insert(meta.clone());
+            // Refused by the index (not admitted, or a long variant under a short key): its
+            // removal is queued above, so no record of it goes to the disk writer after it
+            // (one would wait there, outside the index's bound, behind a write that hangs).
+            let refused = dropped.iter().any(|d| Arc::ptr_eq(d, &meta));
             inner.drop_objects(&dropped);
-            if let Some(disk) = &inner.disk {
+            if let Some(disk) = inner.disk.as_ref().filter(|_| !refused) {
                 disk.write_meta(meta.clone());
             }
             inner.metrics.stored.inc();
