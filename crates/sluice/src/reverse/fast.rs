@@ -242,13 +242,8 @@ impl Reverse {
         } else {
             Version::HTTP_11
         };
-        // The answer to HEAD (or a 304) tells the GET answer's framing, and a server's
-        // `Content-Length` beside its `Transfer-Encoding` tells a wrong one (the coding wins,
-        // RFC 9112 §6.3). The coding is hop-by-hop and gone after `response_fields`, so the
-        // length is dropped here, while it can still be seen.
-        if length == BodyLength::Empty && coding.is_some() {
-            headers.remove(header::CONTENT_LENGTH);
-        }
+        // A server's `Content-Length` beside its `Transfer-Encoding` goes with the coding in
+        // `response_fields` (the coding wins, RFC 9112 §6.3), on a HEAD answer too.
         self.response_fields(route, &mut headers, version);
         // The framing the body is relayed with, whatever the route's header edits did: a
         // counted body keeps its length, a coded one is relayed as it came (never with a length

@@ -246,12 +246,8 @@ impl Reverse {
         } else {
             Version::HTTP_11
         };
-        // A server's `Content-Length` beside its `Transfer-Encoding` on a bodiless answer tells
-        // a wrong length of the GET answer (the coding wins, RFC 9112 §6.3): dropped while the
-        // coding, hop-by-hop, is still there to see.
-        if length == BodyLength::Empty && headers.contains_key(header::TRANSFER_ENCODING) {
-            headers.remove(header::CONTENT_LENGTH);
-        }
+        // A server's `Content-Length` beside its `Transfer-Encoding` goes with the coding in
+        // `response_fields` (the coding wins, RFC 9112 §6.3), on a HEAD answer too.
         self.response_fields(route, &mut headers, version);
         match length {
             // The server's own single `Content-Length` is kept where it is.
